@@ -1,0 +1,138 @@
+"""The one step protocol the training loop calls, and the adapter for ``torch.optim``.
+
+Four shapes of optimizer share the loop (see DESIGN.md):
+
+* gradient transforms (Adam, HB, RACS, Alice, GaLore, …) are ``torch.optim.Optimizer``
+  subclasses and are wrapped by :class:`TorchOptimizerAlgorithm`;
+* meta-optimizers (FOSI) and curvature solvers (SHF-LSMR, HF-CG, FGN, SGN) implement
+  :class:`Algorithm` directly, using the :class:`~curvopt.objective.Objective` for J·v, Jᵀ·u,
+  GGN·v and H·v;
+* data-selecting methods (SHF) also answer :meth:`Algorithm.next_batch_size`.
+
+An algorithm is built by a factory ``factory(objective=..., data=..., **cfg)`` (Hydra
+``_target_`` with ``_partial_: true``), where ``data`` is the :class:`DataBundle` of the run, so
+methods that need the validation set (SHF's merit) or the full training set (Martens' gradient)
+get it once, at construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from curvopt.objective import Objective
+
+Batch = tuple[Tensor, Tensor]
+
+
+@dataclass
+class DataBundle:
+    """In-memory splits of a dataset; ``None`` for a split the task does not have.
+
+    ``meta`` carries facts for figures and records (dataset name, whether it is a synthetic
+    stand-in, the source files).
+    """
+
+    train: Batch
+    val: Batch | None = None
+    test: Batch | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train[0].shape[0])
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """What the loop needs from an optimizer.
+
+    ``step`` performs one update on ``batch`` and returns method-specific scalars to log
+    (e.g. ``loss``, ``lr``, ``damping``, ``inner_iters``, ``stop_reason``). It must leave the
+    objective's model holding the new parameters.
+    """
+
+    def step(self, batch: Batch) -> dict[str, Any]: ...
+
+    def next_batch_size(self) -> int | None:
+        """Batch size the algorithm wants next; ``None`` means the configured one."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class AlgorithmBase:
+    """Convenience base: fixed batch size and no extra state."""
+
+    def next_batch_size(self) -> int | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+class TorchOptimizerAlgorithm(AlgorithmBase):
+    """Runs any ``torch.optim.Optimizer`` in the loop: forward, backward, ``step(closure)``.
+
+    A closure is always passed, so optimizers that re-evaluate the loss (L-BFGS) work unchanged.
+    ``grad_clip_value`` clips gradients element-wise before the step (FOSI's AE task).
+    ``scheduler`` is an optional ``torch.optim.lr_scheduler`` stepped after every update.
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        optimizer: torch.optim.Optimizer,
+        grad_clip_value: float | None = None,
+        scheduler: Any | None = None,
+    ) -> None:
+        self.objective = objective
+        self.optimizer = optimizer
+        self.grad_clip_value = grad_clip_value
+        self.scheduler = scheduler
+
+    def _closure(self, x: Tensor, y: Tensor) -> Callable[[], Tensor]:
+        model, kind = self.objective.model, self.objective.loss_kind
+        from curvopt.objective import mean_loss
+
+        def closure() -> Tensor:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = mean_loss(model(x), y, kind, self.objective.ignore_index)
+            loss.backward()
+            if self.grad_clip_value is not None:
+                torch.nn.utils.clip_grad_value_(model.parameters(), self.grad_clip_value)
+            return loss
+
+        return closure
+
+    def step(self, batch: Batch) -> dict[str, Any]:
+        x, y = batch
+        closure = self._closure(x, y)
+        if isinstance(self.optimizer, torch.optim.LBFGS):
+            loss = self.optimizer.step(closure)
+        else:
+            loss = closure()
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {"loss": float(loss.detach()), "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])

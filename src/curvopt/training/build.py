@@ -1,0 +1,193 @@
+"""From a composed Hydra config to a finished run: data, model, objective, algorithm, loop.
+
+Kept apart from ``src/train.py`` so tests and drivers can run a config without the CLI.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from curvopt.objective import Objective
+from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
+from curvopt.training.loop import LoopConfig, Trainer
+from curvopt.training.records import environment_info, git_commit
+from curvopt.training.tracking import make_tracker
+
+log = logging.getLogger(__name__)
+
+# Keys of an optimizer config that describe the run, not the constructor.
+RESERVED_OPTIMIZER_KEYS = ("name", "grad_clip_value", "scheduler")
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def seed_everything(seed: int, deterministic: bool = True) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
+    return device
+
+
+def _to_container(cfg: DictConfig | dict) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> DataBundle:
+    data_cfg = _to_container(cfg.dataset)
+    data_cfg.pop("name", None)
+    data = instantiate(data_cfg)
+    if not isinstance(data, DataBundle):
+        raise TypeError(f"dataset target must return a DataBundle, got {type(data).__name__}")
+
+    def move(pair: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if pair is None:
+            return None
+        x, y = pair
+        x = x.to(device=device, dtype=dtype) if x.dtype.is_floating_point else x.to(device)
+        y = y.to(device=device, dtype=dtype) if y.dtype.is_floating_point else y.to(device)
+        return x, y
+
+    data.train, data.val, data.test = move(data.train), move(data.val), move(data.test)
+    return data
+
+
+def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
+    model_cfg = _to_container(cfg.model)
+    loss = model_cfg.pop("loss", None)
+    if loss is None:
+        raise ValueError("model config needs a `loss:` key (squared_error | cross_entropy | sigmoid_bce)")
+    model = instantiate(model_cfg)
+    return model.to(device=device, dtype=dtype), loss
+
+
+def build_algorithm(opt_cfg: DictConfig | dict, objective: Objective, data: DataBundle) -> Algorithm:
+    """Instantiate ``optimizer._target_``: a ``torch.optim.Optimizer`` subclass (wrapped) or a
+    factory ``factory(objective=..., data=..., **kwargs) -> Algorithm``."""
+    kwargs = _to_container(opt_cfg)
+    target_name = kwargs.pop("_target_", None)
+    if target_name is None:
+        raise ValueError("optimizer config needs a `_target_`")
+    clip = kwargs.pop("grad_clip_value", None)
+    scheduler_cfg = kwargs.pop("scheduler", None)
+    for key in RESERVED_OPTIMIZER_KEYS:
+        kwargs.pop(key, None)
+    kwargs.pop("_partial_", None)
+    target = get_method(target_name)
+    if inspect.isclass(target) and issubclass(target, torch.optim.Optimizer):
+        if "betas" in kwargs and isinstance(kwargs["betas"], list):
+            kwargs["betas"] = tuple(kwargs["betas"])
+        optimizer = target(objective.model.parameters(), **kwargs)
+        scheduler = instantiate(scheduler_cfg, optimizer=optimizer) if scheduler_cfg else None
+        return TorchOptimizerAlgorithm(objective, optimizer, grad_clip_value=clip, scheduler=scheduler)
+    algorithm = target(objective=objective, data=data, **kwargs)
+    if not hasattr(algorithm, "step"):
+        raise TypeError(f"{target_name} returned {type(algorithm).__name__}, which has no step(batch)")
+    return algorithm
+
+
+def make_run_id(cfg: DictConfig) -> str:
+    if cfg.get("run_id"):
+        return str(cfg.run_id)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{os.getpid()}"
+
+
+def run_from_config(cfg: DictConfig) -> dict[str, Any]:
+    """Run one training job described by ``cfg``; return its summary (with ``run_dir``)."""
+    tcfg = cfg.trainer
+    device = resolve_device(tcfg.device)
+    dtype = DTYPES[tcfg.dtype]
+    seed_everything(int(cfg.seed), bool(tcfg.deterministic))
+
+    run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg)
+    if tcfg.resume and not (run_dir / "checkpoint.pt").exists():
+        raise FileNotFoundError(
+            f"trainer.resume=true needs run_id=<existing run> with a checkpoint; none at {run_dir}"
+        )
+    if not tcfg.resume and (run_dir / "summary.json").exists():
+        raise FileExistsError(
+            f"{run_dir} already holds a finished run; choose another run_id, delete it, or pass "
+            "trainer.resume=true to continue it"
+        )
+
+    data = build_data(cfg, dtype, device)  # fails before training if data are missing
+    model, loss = build_model(cfg, dtype, device)
+    objective = Objective(model, loss)
+    algorithm = build_algorithm(cfg.optimizer, objective, data)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    loop_cfg = LoopConfig(
+        max_steps=int(tcfg.max_steps),
+        max_epochs=tcfg.max_epochs,
+        max_algo_time_s=tcfg.max_algo_time_s,
+        batch_size=int(tcfg.batch_size),
+        sampling=str(tcfg.get("sampling", "epoch")),
+        eval_every=int(tcfg.eval_every),
+        eval_batch_size=int(tcfg.eval_batch_size),
+        eval_splits=list(tcfg.eval_splits),
+        log_every=int(tcfg.log_every),
+        checkpoint_every=int(tcfg.checkpoint_every),
+        keep_checkpoint=bool(tcfg.keep_checkpoint),
+        patience_evals=tcfg.patience_evals,
+        monitor=str(tcfg.get("monitor", "val/loss")),
+        monitor_mode=str(tcfg.get("monitor_mode", "min")),
+        progress=bool(tcfg.progress),
+    )
+    lcfg = cfg.logger
+    tracker = make_tracker(
+        lcfg.kind,
+        **(
+            {
+                "project": lcfg.project,
+                "entity": lcfg.entity,
+                "mode": lcfg.mode,
+                "dir": lcfg.dir,
+                "name": run_dir.name,
+                "group": str(cfg.experiment_name),
+                "config": _to_container(cfg),
+            }
+            if lcfg.kind == "wandb"
+            else {}
+        ),
+    )
+    extra = {
+        "experiment": str(cfg.experiment_name),
+        "run_id": run_dir.name,
+        "optimizer": str(cfg.optimizer.name),
+        "dataset": data.meta.get("name", cfg.dataset.get("name")),
+        "synthetic_data": bool(data.meta.get("synthetic", False)),
+        "profile": str(cfg.profile),
+        "seed": int(cfg.seed),
+        "tag": cfg.get("tag"),
+        "num_params": objective.num_params(),
+        "dtype": str(tcfg.dtype),
+        "git_commit": git_commit(Path(__file__).parent),
+        **environment_info(device),
+    }
+    trainer = Trainer(objective, algorithm, data, loop_cfg, run_dir, device, int(cfg.seed), tracker, extra)
+    summary = trainer.run(resume=bool(tcfg.resume))
+    tracker.finish(exit_code=0 if summary["status"] == "completed" else 1)
+    summary["run_dir"] = str(run_dir)
+    return summary

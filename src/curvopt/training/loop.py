@@ -1,0 +1,300 @@
+"""The training loop shared by every optimizer.
+
+Per step: ask the algorithm for its batch size, draw the batch, time ``algorithm.step`` (and
+only that: the *algorithm time* of the papers' time axes), log its scalars. Every
+``eval_every`` steps, evaluate all splits outside the timer. Stop on ``max_steps``,
+``max_epochs``, an algorithm-time budget, validation patience, a non-finite loss
+(``diverged``) or Ctrl-C (``interrupted``); records written so far are always kept, and a
+checkpoint lets ``resume=True`` continue with identical metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from curvopt.objective import Objective
+from curvopt.training.algorithm import Algorithm, DataBundle
+from curvopt.training.evaluation import evaluate_split
+from curvopt.training.records import RunRecorder
+from curvopt.training.sampler import BatchSampler
+from curvopt.training.tracking import NullTracker
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.pt"
+TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes")
+
+
+@dataclass
+class LoopConfig:
+    max_steps: int = 1000
+    max_epochs: float | None = None
+    max_algo_time_s: float | None = None
+    batch_size: int = 128
+    sampling: str = "epoch"
+    eval_every: int = 100
+    eval_batch_size: int = 2000
+    eval_splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
+    log_every: int = 1
+    checkpoint_every: int = 0
+    keep_checkpoint: bool = True
+    patience_evals: int | None = None
+    monitor: str = "val/loss"
+    monitor_mode: str = "min"
+    progress: bool = True
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+class Trainer:
+    def __init__(
+        self,
+        objective: Objective,
+        algorithm: Algorithm,
+        data: DataBundle,
+        config: LoopConfig,
+        run_dir: Path,
+        device: torch.device,
+        seed: int = 0,
+        tracker: NullTracker | None = None,
+        summary_extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.objective = objective
+        self.algorithm = algorithm
+        self.data = data
+        self.cfg = config
+        self.run_dir = Path(run_dir)
+        self.device = device
+        self.tracker = tracker or NullTracker()
+        self.summary_extra = summary_extra or {}
+        self.sampler = BatchSampler(data.num_train, config.sampling, seed=seed + 1)
+        self.step = 0
+        self.algo_time = 0.0
+        self.wall_offset = 0.0
+        self.eval_time = 0.0
+        self.overhead_time = 0.0  # data sampling + logging, for the loop-overhead figure
+        self.best: dict[str, Any] = {}
+        self.evals_since_best = 0
+        self.last_eval: dict[str, float] = {}
+        self.status = "running"
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.objective.model.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "algo_time": self.algo_time,
+            "wall_time": self._wall(),
+            "eval_time": self.eval_time,
+            "overhead_time": self.overhead_time,
+            "best": self.best,
+            "evals_since_best": self.evals_since_best,
+            "last_eval": self.last_eval,
+        }
+
+    def save_checkpoint(self) -> None:
+        path = self.run_dir / CHECKPOINT_NAME
+        tmp = path.with_suffix(".tmp")
+        torch.save(self._checkpoint_state(), tmp)
+        tmp.replace(path)
+
+    def load_checkpoint(self) -> int:
+        path = self.run_dir / CHECKPOINT_NAME
+        if not path.exists():
+            raise FileNotFoundError(
+                f"trainer.resume=true but there is no checkpoint at {path}; "
+                "run without resume, or set trainer.checkpoint_every > 0 so runs leave checkpoints"
+            )
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.objective.model.load_state_dict(state["model"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.algo_time = state["algo_time"]
+        self.wall_offset = state["wall_time"]
+        self.eval_time = state["eval_time"]
+        self.overhead_time = state["overhead_time"]
+        self.best = state["best"]
+        self.evals_since_best = state["evals_since_best"]
+        self.last_eval = state["last_eval"]
+        return self.step
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _wall(self) -> float:
+        return self.wall_offset + (time.perf_counter() - self._t_start)
+
+    def evaluate(self) -> dict[str, float]:
+        _sync(self.device)
+        t0 = time.perf_counter()
+        metrics = {}
+        for split in self.cfg.eval_splits:
+            pair = getattr(self.data, split, None)
+            if pair is None:
+                continue
+            for name, value in evaluate_split(self.objective, pair[0], pair[1], self.cfg.eval_batch_size).items():
+                metrics[f"{split}/{name}"] = value
+        _sync(self.device)
+        self.eval_time += time.perf_counter() - t0
+        self.last_eval = metrics
+        self._update_best(metrics)
+        return metrics
+
+    def _update_best(self, metrics: dict[str, float]) -> None:
+        value = metrics.get(self.cfg.monitor)
+        if value is None or not math.isfinite(value):
+            return
+        better = (
+            not self.best
+            or (self.cfg.monitor_mode == "min" and value < self.best["value"])
+            or (self.cfg.monitor_mode == "max" and value > self.best["value"])
+        )
+        if better:
+            self.best = {"value": value, "step": self.step, "algo_time_s": self.algo_time, "metrics": dict(metrics)}
+            self.evals_since_best = 0
+        else:
+            self.evals_since_best += 1
+
+    def _stop_reason(self) -> str | None:
+        cfg = self.cfg
+        if self.step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.max_epochs is not None and self.sampler.epoch >= cfg.max_epochs:
+            return "max_epochs"
+        if cfg.max_algo_time_s is not None and self.algo_time >= cfg.max_algo_time_s:
+            return "max_algo_time"
+        if cfg.patience_evals is not None and self.evals_since_best >= cfg.patience_evals:
+            return "patience"
+        return None
+
+    def _record(self, recorder: RunRecorder, row: dict[str, Any]) -> None:
+        row = {"step": self.step, "epoch": self.sampler.epoch, "algo_time_s": self.algo_time,
+               "wall_time_s": self._wall(), **row}
+        recorder.log(row)
+        self.tracker.log(row, step=self.step)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        self._t_start = time.perf_counter()
+        if resume:
+            self.load_checkpoint()
+        recorder = RunRecorder(self.run_dir, resume_step=self.step if resume else None)
+        stop_reason = None
+        x_train, y_train = self.data.train
+        progress = None
+        if self.cfg.progress:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=self.cfg.max_steps, initial=self.step, desc=self.run_dir.name, leave=False)
+        try:
+            if not resume:
+                self._record(recorder, {**self.evaluate(), "peak_mem_bytes": peak_memory_bytes(self.device)})
+            while (stop_reason := self._stop_reason()) is None:
+                t_data = time.perf_counter()
+                excluded_before = self.eval_time
+                batch_size = self.algorithm.next_batch_size() or self.cfg.batch_size
+                idx = self.sampler.next_indices(batch_size).to(x_train.device)
+                batch = (x_train[idx], y_train[idx])
+                _sync(self.device)
+                t0 = time.perf_counter()
+                scalars = self.algorithm.step(batch)
+                _sync(self.device)
+                t1 = time.perf_counter()
+                self.algo_time += t1 - t0
+                self.step += 1
+                row: dict[str, Any] = {"batch_size": int(idx.numel()), "step_time_s": t1 - t0, **scalars}
+                diverged = not all(_finite(v) for k, v in scalars.items() if k == "loss")
+                if self.step % self.cfg.eval_every == 0 or diverged or self._stop_reason() is not None:
+                    metrics = self.evaluate()
+                    diverged = diverged or not all(math.isfinite(v) for k, v in metrics.items() if k.endswith("loss"))
+                    row.update(metrics)
+                    row["peak_mem_bytes"] = peak_memory_bytes(self.device)
+                    self._record(recorder, row)
+                elif self.step % self.cfg.log_every == 0:
+                    self._record(recorder, row)
+                if diverged:
+                    stop_reason = "non_finite_loss"
+                    self.status = "diverged"
+                    break
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k == "loss"}, refresh=False)
+                # data + logging time of this step, evaluation excluded
+                self.overhead_time += (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)
+                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+            if self.status == "running":
+                self.status = "completed"
+        except KeyboardInterrupt:
+            self.status, stop_reason = "interrupted", "keyboard_interrupt"
+            log.warning("interrupted at step %d; records kept, resume with trainer.resume=true", self.step)
+        finally:
+            if progress is not None:
+                progress.close()
+            if self.status in ("completed", "interrupted") and (self.cfg.keep_checkpoint or self.status == "interrupted"):
+                self.save_checkpoint()
+            summary = self._summary(stop_reason)
+            recorder.write_summary(summary)
+            recorder.close()
+            self.tracker.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
+        return summary
+
+    def _summary(self, stop_reason: str | None) -> dict[str, Any]:
+        wall = self._wall()
+        loop_overhead = self.overhead_time / self.algo_time if self.algo_time > 0 else None
+        return {
+            "status": self.status,
+            "stop_reason": stop_reason,
+            "steps": self.step,
+            "epochs": self.sampler.epoch,
+            "algo_time_s": self.algo_time,
+            "wall_time_s": wall,
+            "eval_time_s": self.eval_time,
+            "loop_overhead_s": self.overhead_time,
+            "loop_overhead_fraction": loop_overhead,
+            "peak_mem_bytes": peak_memory_bytes(self.device),
+            "final": self.last_eval,
+            "best": self.best,
+            **self.summary_extra,
+        }

@@ -1,0 +1,70 @@
+"""Mini-batch samplers over in-memory training sets, with resumable state.
+
+The loop asks the sampler for ``next(batch_size)`` where the size may change every step (SHF
+grows its batch). Three modes cover the papers' protocols:
+
+* ``epoch``: reshuffle every pass, consume the permutation in order (standard SGD epochs);
+* ``independent``: each batch is a fresh draw without replacement from the whole set,
+  independent across steps (SHF: "never the same mini-batch");
+* ``static``: one seeded permutation, consumed cyclically with wrap-around (FGN's protocol).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SAMPLING_MODES = ("epoch", "independent", "static")
+
+
+class BatchSampler:
+    def __init__(self, num_examples: int, mode: str = "epoch", seed: int = 0) -> None:
+        if mode not in SAMPLING_MODES:
+            raise ValueError(f"unknown sampling mode {mode!r}; choose one of {SAMPLING_MODES}")
+        self.n = num_examples
+        self.mode = mode
+        self.generator = torch.Generator().manual_seed(seed)
+        self.examples_seen = 0
+        self._perm = torch.randperm(self.n, generator=self.generator)
+        self._pos = 0
+
+    @property
+    def epoch(self) -> float:
+        """Passes over the training set, counted by examples drawn."""
+        return self.examples_seen / self.n
+
+    def next_indices(self, batch_size: int) -> Tensor:
+        if batch_size <= 0:
+            raise ValueError(f"batch size must be positive, got {batch_size}")
+        batch_size = min(batch_size, self.n)
+        self.examples_seen += batch_size
+        if self.mode == "independent":
+            return torch.randperm(self.n, generator=self.generator)[:batch_size]
+        parts, need = [], batch_size
+        while need > 0:
+            if self._pos >= self.n:
+                if self.mode == "epoch":
+                    self._perm = torch.randperm(self.n, generator=self.generator)
+                self._pos = 0
+            take = min(need, self.n - self._pos)
+            parts.append(self._perm[self._pos : self._pos + take])
+            self._pos += take
+            need -= take
+        return torch.cat(parts)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "examples_seen": self.examples_seen,
+            "perm": self._perm.clone(),
+            "pos": self._pos,
+            "mode": self.mode,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.examples_seen = state["examples_seen"]
+        self._perm = state["perm"].clone()
+        self._pos = state["pos"]

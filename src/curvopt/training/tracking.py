@@ -1,0 +1,81 @@
+"""Experiment tracking backends that mirror the local run records (wandb, or nothing).
+
+A tracker failure must never cost a run: every call is guarded, warns once, and the tracker
+switches itself off while the local records keep being written.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class NullTracker:
+    def log(self, row: dict[str, Any], step: int) -> None:
+        del row, step
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        del summary
+
+    def finish(self, exit_code: int = 0) -> None:
+        del exit_code
+
+
+class WandbTracker(NullTracker):
+    def __init__(self, *, project: str, name: str, group: str, config: dict[str, Any], mode: str = "offline",
+                 entity: str | None = None, dir: str | None = None) -> None:  # noqa: A002
+        self.run = None
+        try:
+            import wandb
+
+            if dir is not None:
+                from pathlib import Path
+
+                Path(dir).mkdir(parents=True, exist_ok=True)
+            self.run = wandb.init(
+                project=project, entity=entity, name=name, group=group, config=config, mode=mode, dir=dir,
+                reinit="create_new",
+            )
+        except Exception as err:  # no wandb, bad key, no network in online mode, …
+            self._disable("init", err)
+
+    def _disable(self, where: str, err: BaseException) -> None:
+        warnings.warn(f"wandb {where} failed ({err!r}); continuing with local run records only", stacklevel=3)
+        self.run = None
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        except Exception as err:
+            self._disable("log", err)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        try:
+            for key, value in summary.items():
+                if isinstance(value, (int, float, str)):
+                    self.run.summary[key] = value
+        except Exception as err:
+            self._disable("summary", err)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.finish(exit_code=exit_code)
+        except Exception as err:
+            self._disable("finish", err)
+
+
+def make_tracker(kind: str, **kwargs: Any) -> NullTracker:
+    if kind == "none":
+        return NullTracker()
+    if kind == "wandb":
+        return WandbTracker(**kwargs)
+    raise ValueError(f"unknown logger kind {kind!r}; use logger=wandb or logger=none")

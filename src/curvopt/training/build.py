@@ -53,10 +53,21 @@ def _to_container(cfg: DictConfig | dict) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
+def call_target(spec: dict[str, Any], **extra: Any) -> Any:
+    """Call ``spec['_target_'](**rest, **extra)`` directly, so a loader's own exception (e.g. a
+    missing-data message) reaches the user instead of Hydra's InstantiationException wrapper."""
+    spec = dict(spec)
+    target = spec.pop("_target_", None)
+    if target is None:
+        raise ValueError(f"config needs a `_target_`: {spec}")
+    spec.pop("_partial_", None)
+    return get_method(target)(**spec, **extra)
+
+
 def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> DataBundle:
     data_cfg = _to_container(cfg.dataset)
     data_cfg.pop("name", None)
-    data = instantiate(data_cfg)
+    data = call_target(data_cfg)
     if not isinstance(data, DataBundle):
         raise TypeError(f"dataset target must return a DataBundle, got {type(data).__name__}")
 
@@ -77,7 +88,7 @@ def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tu
     loss = model_cfg.pop("loss", None)
     if loss is None:
         raise ValueError("model config needs a `loss:` key (squared_error | cross_entropy | sigmoid_bce)")
-    model = instantiate(model_cfg)
+    model = call_target(model_cfg)
     return model.to(device=device, dtype=dtype), loss
 
 

@@ -1,0 +1,48 @@
+# Entry points. `make setup` once, then `make reproduce-fig2` (the main job) and `make test`.
+# SCALE=quick (2-core CPU, minutes) | paper (the papers' settings, for a GPU).
+SHELL := /bin/bash
+VENV ?= .venv
+PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+SCALE ?= quick
+# Data directory: CURVOPT_DATA_DIR if set, else ../shared/data when it exists, else ./data.
+CURVOPT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
+export CURVOPT_DATA_DIR
+# scipy/numpy threads fight torch's for the cores otherwise (2.4x slower LSMR on 2 cores).
+export OPENBLAS_NUM_THREADS ?= 1
+export PYTHONPATH := $(abspath src)$(if $(PYTHONPATH),:$(PYTHONPATH))
+TRAIN := $(PY) src/train.py
+
+.PHONY: setup test test-slow test-all lint format reproduce-fig2 mnist-autoencoder-demo clean-quick help
+
+help:
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+
+setup: ## create .venv and install the pinned requirements (CPU torch) + this package
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+
+test: ## default test suite (< 10 min on 2 cores)
+	$(PY) -m pytest -q
+
+test-slow: ## the slow tests only
+	$(PY) -m pytest -q -m slow
+
+test-all: ## every CPU test
+	$(PY) -m pytest -q -m "not gpu"
+
+lint: ## ruff lint + format check
+	$(PY) -m ruff check src tests experiments benchmarks
+	$(PY) -m ruff format --check src tests experiments benchmarks
+
+format:
+	$(PY) -m ruff format src tests experiments benchmarks
+	$(PY) -m ruff check --fix src tests experiments benchmarks
+
+mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, then the error-vs-time plot
+	$(PY) experiments/run_missing.py --experiment mnist_autoencoder --optimizers adam heavy_ball sgd --seeds 0
+	$(PY) -m curvopt.plots.error_vs_time --experiment mnist_autoencoder \
+		--out results/figures/mnist_autoencoder_error_vs_time.png
+
+-include mk/*.mk

@@ -1,0 +1,105 @@
+"""Run what is missing: the drivers behind the `make reproduce-*` targets.
+
+Runs get deterministic ids ``<optimizer>_<profile>_s<seed>[_<suffix>]`` so a driver can tell
+which of its runs exist. A completed or diverged run is kept (divergence is a result); an
+interrupted run with a checkpoint is resumed; a run killed without a summary is moved aside
+(never deleted) and started again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FINAL_STATUSES = ("completed", "diverged")
+
+
+def run_id_for(optimizer: str, profile: str, seed: int, suffix: str | None = None) -> str:
+    return f"{optimizer}_{profile}_s{seed}" + (f"_{suffix}" if suffix else "")
+
+
+def experiment_config(experiment: str, profile: str) -> str:
+    """Config name of an experiment at a profile: ``<exp>`` is the quick profile and
+    ``<exp>_paper`` (which includes it and overrides the paper's settings) the paper one."""
+    return experiment if profile == "quick" else f"{experiment}_{profile}"
+
+
+def run_status(run_dir: Path) -> str | None:
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        return json.loads(summary.read_text()).get("status")
+    return "killed" if run_dir.exists() else None
+
+
+def ensure_run(
+    experiment: str,
+    optimizer: str,
+    seed: int,
+    profile: str = "quick",
+    overrides: Sequence[str] = (),
+    suffix: str | None = None,
+    results_dir: str | Path = "results",
+    dry_run: bool = False,
+) -> tuple[str, Path]:
+    """Make sure one run exists; returns (what was done, run dir)."""
+    run_id = run_id_for(optimizer, profile, seed, suffix)
+    run_dir = Path(results_dir) / experiment / run_id
+    status = run_status(run_dir)
+    if status in FINAL_STATUSES:
+        return "kept", run_dir
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "src" / "train.py"),
+        f"experiment={experiment_config(experiment, profile)}",
+        f"optimizer={optimizer}",
+        f"seed={seed}",
+        f"run_id={run_id}",
+        f"paths.results_dir={Path(results_dir).resolve()}",
+        *overrides,
+    ]
+    action = "ran"
+    if status == "interrupted" and (run_dir / "checkpoint.pt").exists():
+        cmd.append("trainer.resume=true")
+        action = "resumed"
+    elif status is not None:  # killed mid-run, or interrupted without checkpoint: keep it aside
+        aside = run_dir.with_name(f"{run_id}.{status}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"moved incomplete run {run_dir} -> {aside}", flush=True)
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    if not dry_run:
+        env = dict(os.environ)
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        subprocess.run(cmd, check=True, cwd=REPO_ROOT, env=env)
+    return action, run_dir
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run the missing runs of an experiment.")
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--optimizers", nargs="+", required=True)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--profile", default="quick")
+    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    for optimizer in args.optimizers:
+        for seed in args.seeds:
+            overrides = list(args.overrides)
+            action, run_dir = ensure_run(
+                args.experiment, optimizer, seed, args.profile, overrides, results_dir=args.results_dir,
+                dry_run=args.dry_run,
+            )
+            print(f"[{action}] {run_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Every experiment config composes and instantiates; every optimizer takes one step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CONF_DIR, compose
+from curvopt.data.common import DataNotFoundError
+from curvopt.objective import Objective
+from curvopt.training.build import build_algorithm, build_data, build_model, call_target
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+OPTIMIZERS = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))
+
+# Optimizers that only apply to a particular kind of task run their smoke step there.
+SMOKE_TASK: dict[str, list[str]] = {
+    "classifier": ["dataset=synthetic_classification", "model=tiny_mlp"],
+    "autoencoder": ["dataset=synthetic_images", "model=tiny_autoencoder"],
+}
+TASK_OF = {"shf_lsmr": "autoencoder", "hf_cg": "autoencoder"}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_composes_and_instantiates(experiment, tmp_path):
+    cfg = compose([f"experiment={experiment}", "logger=none", f"paths.results_dir={tmp_path}"])
+    assert cfg.experiment_name and cfg.profile in ("quick", "paper")
+    model, loss = build_model(cfg, torch.float32, torch.device("cpu"))
+    assert loss in ("squared_error", "cross_entropy", "sigmoid_bce")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    spec = dict(cfg.dataset)
+    assert "_target_" in spec and "name" in spec
+    # instantiate the optimizer on a tiny stand-in batch of the right kind (data loading of
+    # real datasets is covered by the loaders' own tests and the smoke runs)
+    try:
+        data = build_data(cfg, torch.float32, torch.device("cpu")) if cfg.profile == "quick" else None
+    except DataNotFoundError as err:
+        pytest.skip(f"data not available here: {str(err).splitlines()[0]}")
+    if data is not None:
+        algorithm = build_algorithm(cfg.optimizer, Objective(model, loss), data)
+        assert hasattr(algorithm, "step")
+
+
+def test_unknown_choice_lists_valid_options():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException) as err:
+        compose(["optimizer=not_an_optimizer"])
+    assert "adam" in str(err.value)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_one_step_smoke(optimizer, tmp_path):
+    task = TASK_OF.get(optimizer, "classifier")
+    cfg = compose([*SMOKE_TASK[task], f"optimizer={optimizer}", "logger=none", f"paths.results_dir={tmp_path}"])
+    data = build_data(cfg, torch.float32, torch.device("cpu"))
+    model, loss = build_model(cfg, torch.float32, torch.device("cpu"))
+    objective = Objective(model, loss)
+    algorithm = build_algorithm(cfg.optimizer, objective, data)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = data.train
+    bs = algorithm.next_batch_size() or 64
+    scalars = algorithm.step((x[:bs], y[:bs]))
+    assert isinstance(scalars, dict)
+    changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert changed, f"{optimizer} did not change any parameter in one step"
+
+
+def test_model_builders_are_importable():
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        import yaml
+
+        spec = yaml.safe_load(Path(path).read_text())
+        assert "_target_" in spec and "loss" in spec, path.name
+        if "llama" in path.stem and "tiny" not in path.stem:
+            continue  # large LLaMA configs are built in their own (slow) tests
+        spec.pop("loss")
+        model = call_target({k: v for k, v in spec.items() if not isinstance(v, str) or "${" not in v})
+        assert isinstance(model, torch.nn.Module), path.name

@@ -45,4 +45,6 @@ mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, the
 	$(PY) -m curvopt.plots.error_vs_time --experiment mnist_autoencoder \
 		--out results/figures/mnist_autoencoder_error_vs_time.png
 
+reproduce-fig2: mnist-autoencoder-demo ## the main job (SHF Figure 2 once the SHF experiment lands)
+
 -include mk/*.mk

@@ -1,7 +1,7 @@
 """The one entrypoint: compose a Hydra config, run it, write the run records.
 
-    python src/train.py experiment=mnist_autoencoder optimizer=adam trainer.max_steps=200
-    python src/train.py -m experiment=mnist_autoencoder optimizer=adam,heavy_ball optimizer.lr=1e-3,3e-3
+python src/train.py experiment=mnist_autoencoder optimizer=adam trainer.max_steps=200
+python src/train.py -m experiment=mnist_autoencoder optimizer=adam,heavy_ball optimizer.lr=1e-3,3e-3
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ def main(cfg: DictConfig) -> float | None:
     except (DataNotFoundError, CorruptDataError) as err:
         log.error("%s", err)
         raise SystemExit(2) from None
-    log.info("run %s: %s after %d steps -> %s", summary["run_id"], summary["status"], summary["steps"], summary["run_dir"])
+    log.info(
+        "run %s: %s after %d steps -> %s",
+        summary["run_id"],
+        summary["status"],
+        summary["steps"],
+        summary["run_dir"],
+    )
     best = summary.get("best") or {}
     return best.get("value")  # Hydra sweepers (e.g. Optuna) can minimise this
 

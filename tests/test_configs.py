@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import CONF_DIR, compose
+
 from curvopt.data.common import DataNotFoundError
 from curvopt.objective import Objective
 from curvopt.training.build import build_algorithm, build_data, build_model, call_target
@@ -54,7 +54,9 @@ def test_unknown_choice_lists_valid_options():
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_one_step_smoke(optimizer, tmp_path):
     task = TASK_OF.get(optimizer, "classifier")
-    cfg = compose([*SMOKE_TASK[task], f"optimizer={optimizer}", "logger=none", f"paths.results_dir={tmp_path}"])
+    cfg = compose(
+        [*SMOKE_TASK[task], f"optimizer={optimizer}", "logger=none", f"paths.results_dir={tmp_path}"]
+    )
     data = build_data(cfg, torch.float32, torch.device("cpu"))
     model, loss = build_model(cfg, torch.float32, torch.device("cpu"))
     objective = Objective(model, loss)

@@ -10,7 +10,6 @@ from torch.func import functional_call, hessian, jacrev
 from curvopt.objective import Objective, flatten, per_example_loss, tree_dot, unflatten
 
 
-
 @pytest.fixture(autouse=True)
 def _float64():
     old = torch.get_default_dtype()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import compose
+
 from curvopt.data.common import CorruptDataError, DataNotFoundError
 from curvopt.data.mnist import load_mnist, parse_idx
 from curvopt.training.build import run_from_config
@@ -40,7 +40,12 @@ def _comparable(rows: list[dict]) -> list[dict]:
 def test_run_writes_records(tmp_path):
     summary = _run(tmp_path, ["optimizer=adam", "trainer.max_steps=12", "run_id=a"])
     run_dir = Path(summary["run_dir"])
-    assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    assert {p.name for p in run_dir.iterdir()} >= {
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoint.pt",
+    }
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(13))
     assert {"train/loss", "val/accuracy", "test/loss"} <= set(rows[0])
@@ -67,7 +72,9 @@ def test_resume_equals_uninterrupted(tmp_path, optimizer):
     # after the checkpoint, then resume to 20 in the same run directory
     _run(tmp_path, [f"optimizer={optimizer}", "trainer.max_steps=10", "run_id=part"])
     (Path(tmp_path) / "t" / "part" / "summary.json").unlink()
-    resumed = _run(tmp_path, [f"optimizer={optimizer}", "trainer.max_steps=20", "run_id=part", "trainer.resume=true"])
+    resumed = _run(
+        tmp_path, [f"optimizer={optimizer}", "trainer.max_steps=20", "run_id=part", "trainer.resume=true"]
+    )
     r_full = _comparable(read_metrics(Path(full["run_dir"]) / "metrics.jsonl"))
     r_res = _comparable(read_metrics(Path(resumed["run_dir"]) / "metrics.jsonl"))
     assert [r["step"] for r in r_res] == list(range(21))
@@ -90,9 +97,17 @@ def test_finished_run_is_not_overwritten(tmp_path):
 def test_divergence_is_recorded(tmp_path):
     summary = _run(
         tmp_path,
-        ["dataset=synthetic_images", "model=tiny_autoencoder", "model.output_activation=null",
-         "model.activation=tanh", "model.code_activation=null", "optimizer=sgd", "optimizer.lr=50",
-         "trainer.max_steps=200", "run_id=boom"],
+        [
+            "dataset=synthetic_images",
+            "model=tiny_autoencoder",
+            "model.output_activation=null",
+            "model.activation=tanh",
+            "model.code_activation=null",
+            "optimizer=sgd",
+            "optimizer.lr=50",
+            "trainer.max_steps=200",
+            "run_id=boom",
+        ],
     )
     assert summary["status"] == "diverged"
     assert summary["stop_reason"] == "non_finite_loss"
@@ -106,7 +121,8 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     summary = _run(
-        tmp_path, ["optimizer=adam", "trainer.max_steps=3", "run_id=w", "logger=wandb", f"paths.output_dir={tmp_path}"]
+        tmp_path,
+        ["optimizer=adam", "trainer.max_steps=3", "run_id=w", "logger=wandb", f"paths.output_dir={tmp_path}"],
     )
     assert summary["status"] == "completed"
     assert (Path(summary["run_dir"]) / "metrics.jsonl").exists()
@@ -130,13 +146,20 @@ def test_missing_mnist_message(tmp_path):
     with pytest.raises(DataNotFoundError) as err:
         load_mnist(str(tmp_path), allow_download=False)
     text = str(err.value)
-    assert "train-images-idx3-ubyte.gz" in text and str(tmp_path.resolve()) in text and "How to get them" in text
+    assert (
+        "train-images-idx3-ubyte.gz" in text and str(tmp_path.resolve()) in text and "How to get them" in text
+    )
 
 
 def test_missing_data_stops_before_training(tmp_path):
     cfg = compose(
-        ["experiment=mnist_autoencoder", "logger=none", f"paths.results_dir={tmp_path}",
-         f"paths.data_dir={tmp_path / 'nowhere'}", "dataset.allow_download=false"]
+        [
+            "experiment=mnist_autoencoder",
+            "logger=none",
+            f"paths.results_dir={tmp_path}",
+            f"paths.data_dir={tmp_path / 'nowhere'}",
+            "dataset.allow_download=false",
+        ]
     )
     with pytest.raises(DataNotFoundError):
         run_from_config(cfg)
@@ -159,7 +182,11 @@ def test_corrupt_mnist_is_reported(tmp_path, shared_data_dir):
 
 def test_mnist_real_splits(shared_data_dir):
     data = load_mnist(str(shared_data_dir), num_train=1000, num_val=500, num_test=300, target="label")
-    assert data.train[0].shape == (1000, 784) and data.val[0].shape == (500, 784) and data.test[0].shape == (300, 784)
+    assert (
+        data.train[0].shape == (1000, 784)
+        and data.val[0].shape == (500, 784)
+        and data.test[0].shape == (300, 784)
+    )
     assert 0.0 <= float(data.train[0].min()) and float(data.train[0].max()) <= 1.0
     assert data.train[1].dtype == torch.int64 and set(data.train[1].unique().tolist()) == set(range(10))
     ae = load_mnist(str(shared_data_dir), num_train=10, num_val=10, num_test=10)

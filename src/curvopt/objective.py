@@ -70,7 +70,11 @@ def per_example_loss(outputs: Tensor, targets: Tensor, kind: str, ignore_index: 
         flat = F.cross_entropy(logits, targets.reshape(-1), reduction="none", ignore_index=ignore_index)
         return flat.view(targets.shape)
     if kind == "sigmoid_bce":
-        return F.binary_cross_entropy_with_logits(outputs, targets.to(outputs.dtype), reduction="none").flatten(1).sum(1)
+        return (
+            F.binary_cross_entropy_with_logits(outputs, targets.to(outputs.dtype), reduction="none")
+            .flatten(1)
+            .sum(1)
+        )
     raise ValueError(f"unknown loss kind {kind!r}; choose one of {LOSS_KINDS}")
 
 
@@ -165,7 +169,9 @@ class Objective:
         _, pullback = vjp(lambda p: self.forward(p, x), params)
         return pullback(u)[0]
 
-    def linearize(self, params: Params, x: Tensor) -> tuple[Tensor, Callable[[Params], Tensor], Callable[[Tensor], Params]]:
+    def linearize(
+        self, params: Params, x: Tensor
+    ) -> tuple[Tensor, Callable[[Params], Tensor], Callable[[Tensor], Params]]:
         """One forward pass; returns ``(outputs, jvp_fn, vjp_fn)`` reusable across an inner solve.
 
         The VJP closure keeps the forward graph, so repeated ``Jᵀu`` cost one backward each;

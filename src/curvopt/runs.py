@@ -95,7 +95,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         for seed in args.seeds:
             overrides = list(args.overrides)
             action, run_dir = ensure_run(
-                args.experiment, optimizer, seed, args.profile, overrides, results_dir=args.results_dir,
+                args.experiment,
+                optimizer,
+                seed,
+                args.profile,
+                overrides,
+                results_dir=args.results_dir,
                 dry_run=args.dry_run,
             )
             print(f"[{action}] {run_dir}", flush=True)

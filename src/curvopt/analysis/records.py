@@ -78,7 +78,15 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
         return pd.DataFrame()
     out = pd.concat(frames, ignore_index=True)
     for col in out.columns:  # non-finite values are stored as strings ("nan", "inf")
-        if out[col].dtype == object and col not in ("run_id", "optimizer", "profile", "status", "dataset", "tag", "device"):
+        if out[col].dtype == object and col not in (
+            "run_id",
+            "optimizer",
+            "profile",
+            "status",
+            "dataset",
+            "tag",
+            "device",
+        ):
             converted = pd.to_numeric(out[col], errors="coerce")
             if converted.notna().sum() >= out[col].notna().sum() * 0.5:
                 out[col] = converted

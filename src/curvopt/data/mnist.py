@@ -14,7 +14,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from curvopt.data.common import CorruptDataError, DataNotFoundError, md5_bytes, missing_data_message, split_indices
+from curvopt.data.common import (
+    CorruptDataError,
+    DataNotFoundError,
+    md5_bytes,
+    missing_data_message,
+    split_indices,
+)
 from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
@@ -40,7 +46,9 @@ def parse_idx(raw: bytes, name: str) -> np.ndarray:
     dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     expected = 4 + 4 * ndim + int(np.prod(dims))
     if len(raw) != expected:
-        raise CorruptDataError(f"{name}: header says shape {dims} ({expected} bytes) but file has {len(raw)} bytes")
+        raise CorruptDataError(
+            f"{name}: header says shape {dims} ({expected} bytes) but file has {len(raw)} bytes"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
@@ -120,14 +128,22 @@ def load_mnist(
             arrays = _download_hf()
             source = "huggingface:ylecun/mnist"
         except Exception as download_err:  # network down, hub blocked, datasets missing
-            raise DataNotFoundError(f"{err}\n(Download through HF datasets also failed: {download_err})") from err
+            raise DataNotFoundError(
+                f"{err}\n(Download through HF datasets also failed: {download_err})"
+            ) from err
 
     def images(key: str) -> torch.Tensor:
         x = torch.from_numpy(arrays[key].astype(np.float32) / 255.0).to(dtype)
         return x.reshape(x.shape[0], -1) if flatten else x.unsqueeze(1)
 
-    x_all, y_all = images("train-images-idx3-ubyte"), torch.from_numpy(arrays["train-labels-idx1-ubyte"].astype(np.int64))
-    x_test, y_test = images("t10k-images-idx3-ubyte"), torch.from_numpy(arrays["t10k-labels-idx1-ubyte"].astype(np.int64))
+    x_all, y_all = (
+        images("train-images-idx3-ubyte"),
+        torch.from_numpy(arrays["train-labels-idx1-ubyte"].astype(np.int64)),
+    )
+    x_test, y_test = (
+        images("t10k-images-idx3-ubyte"),
+        torch.from_numpy(arrays["t10k-labels-idx1-ubyte"].astype(np.int64)),
+    )
     train_idx, val_idx = split_indices(x_all.shape[0], [num_train, num_val], split_seed)
     if num_test is not None:
         x_test, y_test = x_test[:num_test], y_test[:num_test]

@@ -29,7 +29,9 @@ def gaussian_classification(
         return means[y] + noise * torch.randn(n, dim, generator=g), y
 
     return DataBundle(
-        train=draw(num_train), val=draw(num_val), test=draw(num_test),
+        train=draw(num_train),
+        val=draw(num_val),
+        test=draw(num_test),
         meta={"name": name, "synthetic": True, "num_classes": num_classes},
     )
 

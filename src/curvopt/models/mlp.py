@@ -85,9 +85,7 @@ def autoencoder(
     return _stack(sizes, acts, init, sparse_init_count, sparse_init_std)
 
 
-def _stack(
-    sizes: list[int], acts: list[str | None], init: str, count: int, std: float
-) -> nn.Sequential:
+def _stack(sizes: list[int], acts: list[str | None], init: str, count: int, std: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for (fan_in, fan_out), act in zip(zip(sizes[:-1], sizes[1:]), acts):
         linear = nn.Linear(fan_in, fan_out)

@@ -47,8 +47,11 @@ def plot_error_vs_time(
                 pts = run[["algo_time_s", col]].dropna()
                 label = f"{optimizer} {split}" + (f" ({status})" if status != "completed" else "")
                 ax.plot(pts["algo_time_s"], pts[col], styles[split], color=colour, label=label, lw=1.4)
-                plotted.append(pts.assign(panel=panel, optimizer=optimizer, run_id=run_id, split=split,
-                                          metric=metric).rename(columns={col: "value"}))
+                plotted.append(
+                    pts.assign(
+                        panel=panel, optimizer=optimizer, run_id=run_id, split=split, metric=metric
+                    ).rename(columns={col: "value"})
+                )
         ax.set_xlabel("algorithm time [s]")
         ax.set_ylabel(f"{metric} (reconstruction error)" if metric in ("E_sq", "f") else metric)
         if logy:

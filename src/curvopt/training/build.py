@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def make_run_id(cfg: DictConfig) -> str:
     if cfg.get("run_id"):
         return str(cfg.run_id)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{os.getpid()}"
+    return f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}"
 
 
 def run_from_config(cfg: DictConfig) -> dict[str, Any]:

@@ -173,7 +173,9 @@ class Trainer:
             pair = getattr(self.data, split, None)
             if pair is None:
                 continue
-            for name, value in evaluate_split(self.objective, pair[0], pair[1], self.cfg.eval_batch_size).items():
+            for name, value in evaluate_split(
+                self.objective, pair[0], pair[1], self.cfg.eval_batch_size
+            ).items():
                 metrics[f"{split}/{name}"] = value
         _sync(self.device)
         self.eval_time += time.perf_counter() - t0
@@ -191,7 +193,12 @@ class Trainer:
             or (self.cfg.monitor_mode == "max" and value > self.best["value"])
         )
         if better:
-            self.best = {"value": value, "step": self.step, "algo_time_s": self.algo_time, "metrics": dict(metrics)}
+            self.best = {
+                "value": value,
+                "step": self.step,
+                "algo_time_s": self.algo_time,
+                "metrics": dict(metrics),
+            }
             self.evals_since_best = 0
         else:
             self.evals_since_best += 1
@@ -209,8 +216,13 @@ class Trainer:
         return None
 
     def _record(self, recorder: RunRecorder, row: dict[str, Any]) -> None:
-        row = {"step": self.step, "epoch": self.sampler.epoch, "algo_time_s": self.algo_time,
-               "wall_time_s": self._wall(), **row}
+        row = {
+            "step": self.step,
+            "epoch": self.sampler.epoch,
+            "algo_time_s": self.algo_time,
+            "wall_time_s": self._wall(),
+            **row,
+        }
         recorder.log(row)
         self.tracker.log(row, step=self.step)
 
@@ -247,7 +259,9 @@ class Trainer:
                 diverged = not all(_finite(v) for k, v in scalars.items() if k == "loss")
                 if self.step % self.cfg.eval_every == 0 or diverged or self._stop_reason() is not None:
                     metrics = self.evaluate()
-                    diverged = diverged or not all(math.isfinite(v) for k, v in metrics.items() if k.endswith("loss"))
+                    diverged = diverged or not all(
+                        math.isfinite(v) for k, v in metrics.items() if k.endswith("loss")
+                    )
                     row.update(metrics)
                     row["peak_mem_bytes"] = peak_memory_bytes(self.device)
                     self._record(recorder, row)
@@ -259,9 +273,13 @@ class Trainer:
                     break
                 if progress is not None:
                     progress.update(1)
-                    progress.set_postfix({k: f"{v:.4g}" for k, v in scalars.items() if k == "loss"}, refresh=False)
+                    progress.set_postfix(
+                        {k: f"{v:.4g}" for k, v in scalars.items() if k == "loss"}, refresh=False
+                    )
                 # data + logging time of this step, evaluation excluded
-                self.overhead_time += (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)
+                self.overhead_time += (
+                    (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)
+                )
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self.save_checkpoint()
             if self.status == "running":
@@ -272,7 +290,9 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
-            if self.status in ("completed", "interrupted") and (self.cfg.keep_checkpoint or self.status == "interrupted"):
+            if self.status in ("completed", "interrupted") and (
+                self.cfg.keep_checkpoint or self.status == "interrupted"
+            ):
                 self.save_checkpoint()
             summary = self._summary(stop_reason)
             recorder.write_summary(summary)

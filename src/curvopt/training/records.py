@@ -61,7 +61,9 @@ def environment_info(device: torch.device) -> dict[str, Any]:
 
     info = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
         "num_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -25,8 +25,17 @@ class NullTracker:
 
 
 class WandbTracker(NullTracker):
-    def __init__(self, *, project: str, name: str, group: str, config: dict[str, Any], mode: str = "offline",
-                 entity: str | None = None, dir: str | None = None) -> None:  # noqa: A002
+    def __init__(
+        self,
+        *,
+        project: str,
+        name: str,
+        group: str,
+        config: dict[str, Any],
+        mode: str = "offline",
+        entity: str | None = None,
+        dir: str | None = None,
+    ) -> None:  # noqa: A002
         self.run = None
         try:
             import wandb
@@ -36,7 +45,13 @@ class WandbTracker(NullTracker):
 
                 Path(dir).mkdir(parents=True, exist_ok=True)
             self.run = wandb.init(
-                project=project, entity=entity, name=name, group=group, config=config, mode=mode, dir=dir,
+                project=project,
+                entity=entity,
+                name=name,
+                group=group,
+                config=config,
+                mode=mode,
+                dir=dir,
                 reinit="create_new",
             )
         except Exception as err:  # no wandb, bad key, no network in online mode, …

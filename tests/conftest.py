@@ -19,6 +19,14 @@ def data_dir() -> Path:
     return REPO_ROOT.parent / "shared" / "data"
 
 
+# Tests never touch the network: the hub would only time out here.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+if "CURVOPT_DATA_DIR" not in os.environ and data_dir().is_dir():
+    os.environ["CURVOPT_DATA_DIR"] = str(data_dir())
+
+
 @pytest.fixture
 def shared_data_dir() -> Path:
     path = data_dir()

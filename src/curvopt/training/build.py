@@ -125,8 +125,27 @@ def make_run_id(cfg: DictConfig) -> str:
     return f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}"
 
 
+def apply_optimizer_variant(cfg: DictConfig) -> DictConfig:
+    """Merge ``optimizer_variants[<optimizer.name>]`` into the config.
+
+    Some papers define a method together with its model or protocol (Martens' HF uses a linear
+    code layer and a cross-entropy objective; SHF a logistic code layer and squared error), so an
+    experiment can hold per-optimizer deltas. They are merged after the command line, so they win
+    over CLI overrides of the same keys: change them in the experiment file or pass
+    ``optimizer_variants.<name>.<key>=…``.
+    """
+    variants = cfg.get("optimizer_variants")
+    name = cfg.optimizer.get("name")
+    if not variants or name not in variants:
+        return cfg
+    merged = OmegaConf.merge(cfg, variants[name])
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
 def run_from_config(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job described by ``cfg``; return its summary (with ``run_dir``)."""
+    cfg = apply_optimizer_variant(cfg)
     tcfg = cfg.trainer
     device = resolve_device(tcfg.device)
     dtype = DTYPES[tcfg.dtype]

@@ -24,7 +24,7 @@ def test_mean_curve_skips_rows_without_the_metric():
 def test_time_to_threshold_interpolates():
     t = np.array([0.0, 10.0, 20.0])
     acc = np.array([0.1, 0.3, 0.5])
-    assert time_to_threshold(t, acc, 0.4, mode="max") == 15.0
+    assert np.isclose(time_to_threshold(t, acc, 0.4, mode="max"), 15.0)
     assert np.isnan(time_to_threshold(t, acc, 0.9, mode="max"))
     assert time_to_threshold(t, np.array([3.0, 2.0, 1.0]), 2.5, mode="min") == 5.0
     assert time_to_threshold(t, acc, 0.05, mode="max") == 0.0

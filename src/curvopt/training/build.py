@@ -217,7 +217,18 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
         "git_commit": git_commit(Path(__file__).parent),
         **environment_info(device),
     }
-    trainer = Trainer(objective, algorithm, data, loop_cfg, run_dir, device, int(cfg.seed), tracker, extra)
+    trainer = Trainer(
+        objective,
+        algorithm,
+        data,
+        loop_cfg,
+        run_dir,
+        device,
+        int(cfg.seed),
+        tracker,
+        extra,
+        tracker_every=int(lcfg.get("log_every", 1)),
+    )
     summary = trainer.run(resume=bool(tcfg.resume))
     tracker.finish(exit_code=0 if summary["status"] == "completed" else 1)
     summary["run_dir"] = str(run_dir)

@@ -96,6 +96,7 @@ class Trainer:
         seed: int = 0,
         tracker: NullTracker | None = None,
         summary_extra: dict[str, Any] | None = None,
+        tracker_every: int = 1,
     ) -> None:
         self.objective = objective
         self.algorithm = algorithm
@@ -104,6 +105,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.device = device
         self.tracker = tracker or NullTracker()
+        self.tracker_every = max(1, tracker_every)
         self.summary_extra = summary_extra or {}
         self.sampler = BatchSampler(data.num_train, config.sampling, seed=seed + 1)
         self.step = 0
@@ -224,7 +226,8 @@ class Trainer:
             **row,
         }
         recorder.log(row)
-        self.tracker.log(row, step=self.step)
+        if self.step % self.tracker_every == 0 or any("/" in k for k in row):  # eval rows always
+            self.tracker.log(row, step=self.step)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:
@@ -238,7 +241,10 @@ class Trainer:
         if self.cfg.progress:
             from tqdm.auto import tqdm
 
-            progress = tqdm(total=self.cfg.max_steps, initial=self.step, desc=self.run_dir.name, leave=False)
+            # disable=None: shown on a terminal, silent in logs and CI
+            progress = tqdm(
+                total=self.cfg.max_steps, initial=self.step, desc=self.run_dir.name, leave=False, disable=None
+            )
         try:
             if not resume:
                 self._record(recorder, {**self.evaluate(), "peak_mem_bytes": peak_memory_bytes(self.device)})

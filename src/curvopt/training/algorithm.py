@@ -17,6 +17,7 @@ get it once, at construction.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -35,15 +36,23 @@ class DataBundle:
 
     ``meta`` carries facts for figures and records (dataset name, whether it is a synthetic
     stand-in, the source files).
+
+    ``train_stream`` replaces ``train`` for training sets too large for memory (C4 at paper
+    scale): an object with ``start(rank, world_size)``, ``next_batch(batch_size) -> (x, y)``
+    (this rank's share), ``epoch``, ``state_dict()`` and ``load_state_dict()`` (its position, for
+    resume). When it is set the loop draws from it instead of sampling ``train``.
     """
 
-    train: Batch
+    train: Batch | None
     val: Batch | None = None
     test: Batch | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    train_stream: Any | None = None
 
     @property
     def num_train(self) -> int:
+        if self.train is None:
+            raise ValueError("this dataset streams its training data (train_stream); it has no num_train")
         return int(self.train[0].shape[0])
 
 
@@ -86,6 +95,16 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
     A closure is always passed, so optimizers that re-evaluate the loss (L-BFGS) work unchanged.
     ``grad_clip_value`` clips gradients element-wise before the step (FOSI's AE task).
     ``scheduler`` is an optional ``torch.optim.lr_scheduler`` stepped after every update.
+
+    ``micro_batch_size`` turns one update into gradient accumulation over micro-batches of that
+    many examples (LLM pretraining: 512 sequences per update, 64–256 per forward). The update's
+    loss is the size-weighted mean of the micro-batch mean losses (GaLore's ``loss /
+    accumulation`` for equal micro-batches), so the gradient equals the full batch's when the loss
+    is a per-example mean. ``train_model`` is the module the forward/backward runs through — a
+    ``DistributedDataParallel`` wrapper of ``objective.model`` under torchrun; gradients are then
+    all-reduced only on the last micro-batch (``no_sync`` before).
+
+    The logged ``lr`` is the one the update used (read before the scheduler steps).
     """
 
     def __init__(
@@ -94,29 +113,57 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
         optimizer: torch.optim.Optimizer,
         grad_clip_value: float | None = None,
         scheduler: Any | None = None,
+        micro_batch_size: int | None = None,
+        train_model: torch.nn.Module | None = None,
     ) -> None:
         self.objective = objective
         self.optimizer = optimizer
         self.grad_clip_value = grad_clip_value
         self.scheduler = scheduler
+        if micro_batch_size is not None and micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+        self.micro_batch_size = micro_batch_size
+        self.train_model = train_model if train_model is not None else objective.model
+
+    def _micro_batches(self, x: Tensor, y: Tensor) -> list[tuple[Tensor, Tensor]]:
+        n = x.shape[0]
+        size = self.micro_batch_size or n
+        return [(x[i : i + size], y[i : i + size]) for i in range(0, n, size)]
 
     def _closure(self, x: Tensor, y: Tensor) -> Callable[[], Tensor]:
-        model, kind = self.objective.model, self.objective.loss_kind
+        model, kind = self.train_model, self.objective.loss_kind
         from curvopt.objective import mean_loss
+
+        chunks = self._micro_batches(x, y)
+        n = x.shape[0]
+        no_sync = getattr(model, "no_sync", None)
 
         def closure() -> Tensor:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = mean_loss(model(x), y, kind, self.objective.ignore_index)
-            loss.backward()
+            if len(chunks) == 1:
+                loss = mean_loss(model(x), y, kind, self.objective.ignore_index)
+                loss.backward()
+                total = loss.detach()
+            else:
+                total = 0.0
+                for i, (xb, yb) in enumerate(chunks):
+                    weight = xb.shape[0] / n
+                    last = i == len(chunks) - 1
+                    ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+                    with ctx:
+                        loss = mean_loss(model(xb), yb, kind, self.objective.ignore_index)
+                        (loss * weight).backward()
+                    total = total + loss.detach() * weight
             if self.grad_clip_value is not None:
-                torch.nn.utils.clip_grad_value_(model.parameters(), self.grad_clip_value)
-            return loss
+                torch.nn.utils.clip_grad_value_(self.objective.model.parameters(), self.grad_clip_value)
+            return total
 
         return closure
 
     def step(self, batch: Batch) -> dict[str, Any]:
         x, y = batch
         closure = self._closure(x, y)
+        lr = float(self.optimizer.param_groups[0]["lr"])
         if isinstance(self.optimizer, torch.optim.LBFGS):
             loss = self.optimizer.step(closure)
         else:
@@ -124,7 +171,7 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        return {"loss": float(loss.detach()), "lr": float(self.optimizer.param_groups[0]["lr"])}
+        return {"loss": float(loss.detach()), "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
         state = {"optimizer": self.optimizer.state_dict()}

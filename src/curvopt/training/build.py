@@ -21,6 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
+from curvopt.training.distributed import (
+    SINGLE,
+    DistInfo,
+    broadcast_object,
+    cleanup,
+    device_for,
+    env_world_size,
+    init_distributed,
+    wrap_ddp,
+)
 from curvopt.training.loop import LoopConfig, Trainer
 from curvopt.training.records import environment_info, git_commit
 from curvopt.training.tracking import make_tracker
@@ -93,9 +103,21 @@ def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tu
     return model.to(device=device, dtype=dtype), loss
 
 
-def build_algorithm(opt_cfg: DictConfig | dict, objective: Objective, data: DataBundle) -> Algorithm:
+def build_algorithm(
+    opt_cfg: DictConfig | dict,
+    objective: Objective,
+    data: DataBundle,
+    micro_batch_size: int | None = None,
+    train_model: torch.nn.Module | None = None,
+) -> Algorithm:
     """Instantiate ``optimizer._target_``: a ``torch.optim.Optimizer`` subclass (wrapped) or a
-    factory ``factory(objective=..., data=..., **kwargs) -> Algorithm``."""
+    factory ``factory(objective=..., data=..., **kwargs)`` returning an ``Algorithm`` — or a
+    ``torch.optim.Optimizer`` (e.g. one with parameter groups chosen from the model), which is
+    wrapped exactly like an optimizer target, with the config's ``scheduler`` and clipping.
+
+    ``micro_batch_size`` (gradient accumulation) and ``train_model`` (the DDP wrapper) apply to
+    wrapped optimizers only; an ``Algorithm`` from a factory handles its own batches.
+    """
     kwargs = _to_container(opt_cfg)
     target_name = kwargs.pop("_target_", None)
     if target_name is None:
@@ -106,23 +128,42 @@ def build_algorithm(opt_cfg: DictConfig | dict, objective: Objective, data: Data
         kwargs.pop(key, None)
     kwargs.pop("_partial_", None)
     target = get_method(target_name)
+
+    def wrap(optimizer: torch.optim.Optimizer) -> TorchOptimizerAlgorithm:
+        scheduler = instantiate(scheduler_cfg, optimizer=optimizer) if scheduler_cfg else None
+        return TorchOptimizerAlgorithm(
+            objective,
+            optimizer,
+            grad_clip_value=clip,
+            scheduler=scheduler,
+            micro_batch_size=micro_batch_size,
+            train_model=train_model,
+        )
+
     if inspect.isclass(target) and issubclass(target, torch.optim.Optimizer):
         if "betas" in kwargs and isinstance(kwargs["betas"], list):
             kwargs["betas"] = tuple(kwargs["betas"])
-        optimizer = target(objective.model.parameters(), **kwargs)
-        scheduler = instantiate(scheduler_cfg, optimizer=optimizer) if scheduler_cfg else None
-        return TorchOptimizerAlgorithm(objective, optimizer, grad_clip_value=clip, scheduler=scheduler)
+        return wrap(target(objective.model.parameters(), **kwargs))
     algorithm = target(objective=objective, data=data, **kwargs)
+    if isinstance(algorithm, torch.optim.Optimizer):
+        return wrap(algorithm)
+    if train_model is not None and train_model is not objective.model:
+        raise NotImplementedError(
+            f"{target_name} returns its own Algorithm, which cannot run under DistributedDataParallel; "
+            "run it in one process, or have the factory return a torch.optim.Optimizer"
+        )
+    if scheduler_cfg:
+        raise ValueError(f"{target_name} returns its own Algorithm; it cannot take a `scheduler:` key")
     if not hasattr(algorithm, "step"):
         raise TypeError(f"{target_name} returned {type(algorithm).__name__}, which has no step(batch)")
     return algorithm
 
 
-def make_run_id(cfg: DictConfig) -> str:
+def make_run_id(cfg: DictConfig, dist: DistInfo = SINGLE) -> str:
     if cfg.get("run_id"):
         return str(cfg.run_id)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}"
+    return broadcast_object(f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}", dist)
 
 
 def apply_optimizer_variant(cfg: DictConfig) -> DictConfig:
@@ -147,11 +188,26 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
     """Run one training job described by ``cfg``; return its summary (with ``run_dir``)."""
     cfg = apply_optimizer_variant(cfg)
     tcfg = cfg.trainer
-    device = resolve_device(tcfg.device)
+    dist = (
+        init_distributed(str(tcfg.device), str(tcfg.get("dist_backend", "auto")))
+        if env_world_size() > 1
+        else SINGLE
+    )
+    try:
+        return _run(cfg, dist)
+    finally:
+        cleanup(dist)
+
+
+def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
+    tcfg = cfg.trainer
+    device = (
+        device_for(dist, str(resolve_device(tcfg.device))) if dist.enabled else resolve_device(tcfg.device)
+    )
     dtype = DTYPES[tcfg.dtype]
     seed_everything(int(cfg.seed), bool(tcfg.deterministic))
 
-    run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg)
+    run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg, dist)
     if tcfg.resume and not (run_dir / "checkpoint.pt").exists():
         raise FileNotFoundError(
             f"trainer.resume=true needs run_id=<existing run> with a checkpoint; none at {run_dir}"
@@ -165,10 +221,18 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
     data = build_data(cfg, dtype, device)  # fails before training if data are missing
     model, loss = build_model(cfg, dtype, device)
     objective = Objective(model, loss)
-    algorithm = build_algorithm(cfg.optimizer, objective, data)
+    micro = tcfg.get("micro_batch_size")
+    algorithm = build_algorithm(
+        cfg.optimizer,
+        objective,
+        data,
+        micro_batch_size=int(micro) if micro else None,
+        train_model=wrap_ddp(model, dist, device) if dist.enabled else None,
+    )
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     loop_cfg = LoopConfig(
         max_steps=int(tcfg.max_steps),
         max_epochs=tcfg.max_epochs,
@@ -185,10 +249,11 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
         monitor=str(tcfg.get("monitor", "val/loss")),
         monitor_mode=str(tcfg.get("monitor_mode", "min")),
         progress=bool(tcfg.progress),
+        eval_galore_compat=bool(tcfg.get("eval_galore_compat", False)),
     )
     lcfg = cfg.logger
     tracker = make_tracker(
-        lcfg.kind,
+        lcfg.kind if dist.is_main else "none",
         **(
             {
                 "project": lcfg.project,
@@ -214,6 +279,7 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
         "tag": cfg.get("tag"),
         "num_params": objective.num_params(),
         "dtype": str(tcfg.dtype),
+        "micro_batch_size": int(micro) if micro else None,
         "git_commit": git_commit(Path(__file__).parent),
         **environment_info(device),
     }
@@ -228,6 +294,7 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
         tracker,
         extra,
         tracker_every=int(lcfg.get("log_every", 1)),
+        dist=dist,
     )
     summary = trainer.run(resume=bool(tcfg.resume))
     tracker.finish(exit_code=0 if summary["status"] == "completed" else 1)

@@ -6,6 +6,13 @@ only that: the *algorithm time* of the papers' time axes), log its scalars. Ever
 ``max_epochs``, an algorithm-time budget, validation patience, a non-finite loss
 (``diverged``) or Ctrl-C (``interrupted``); records written so far are always kept, and a
 checkpoint lets ``resume=True`` continue with identical metrics.
+
+Language-model runs add, per logged step, ``tokens`` (non-ignored targets of the update),
+``tokens_seen`` and ``tokens_per_s`` (tokens over the update's algorithm time, evaluation
+excluded). Training data come from the in-memory ``train`` split through the sampler, or from
+``DataBundle.train_stream`` when the dataset streams. Under ``torchrun`` every rank runs this
+loop on its shard of each global batch (and of each evaluation split); scalars are reduced over
+ranks so every rank takes the same decisions, and only rank 0 writes records and checkpoints.
 """
 
 from __future__ import annotations
@@ -24,15 +31,16 @@ import torch
 
 from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle
+from curvopt.training.distributed import SINGLE, DistInfo, all_reduce, gather_objects, shard_slice
 from curvopt.training.evaluation import evaluate_split
 from curvopt.training.records import RunRecorder
-from curvopt.training.sampler import BatchSampler
+from curvopt.training.sampler import BatchSampler, shard
 from curvopt.training.tracking import NullTracker
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
-TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes")
+TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes", "tokens_per_s")
 
 
 @dataclass
@@ -52,6 +60,7 @@ class LoopConfig:
     monitor: str = "val/loss"
     monitor_mode: str = "min"
     progress: bool = True
+    eval_galore_compat: bool = False  # also log GaLore's off-by-one eval loss/ppl (LM tasks)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -84,6 +93,19 @@ def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
+class _NullRecorder:
+    """Ranks other than 0 keep no records."""
+
+    def log(self, row: dict[str, Any]) -> None:
+        del row
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        del summary
+
+    def close(self) -> None:
+        pass
+
+
 class Trainer:
     def __init__(
         self,
@@ -97,6 +119,7 @@ class Trainer:
         tracker: NullTracker | None = None,
         summary_extra: dict[str, Any] | None = None,
         tracker_every: int = 1,
+        dist: DistInfo = SINGLE,
     ) -> None:
         self.objective = objective
         self.algorithm = algorithm
@@ -107,7 +130,14 @@ class Trainer:
         self.tracker = tracker or NullTracker()
         self.tracker_every = max(1, tracker_every)
         self.summary_extra = summary_extra or {}
-        self.sampler = BatchSampler(data.num_train, config.sampling, seed=seed + 1)
+        self.dist = dist
+        self.stream = data.train_stream
+        if self.stream is not None:
+            self.stream.start(dist.rank, dist.world_size)
+            self.sampler = None
+        else:
+            self.sampler = BatchSampler(data.num_train, config.sampling, seed=seed + 1)
+        self.tokens_seen = 0
         self.step = 0
         self.algo_time = 0.0
         self.wall_offset = 0.0
@@ -124,7 +154,12 @@ class Trainer:
             "step": self.step,
             "model": self.objective.model.state_dict(),
             "algorithm": self.algorithm.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.sampler.state_dict() if self.sampler is not None else None,
+            "stream": gather_objects(self.stream.state_dict(), self.dist)
+            if self.stream is not None
+            else None,
+            "world_size": self.dist.world_size,
+            "tokens_seen": self.tokens_seen,
             "rng": rng_state(),
             "algo_time": self.algo_time,
             "wall_time": self._wall(),
@@ -136,10 +171,17 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
+        state = self._checkpoint_state()  # collective under DDP (stream positions): every rank
+        if not self.dist.is_main:
+            return
         path = self.run_dir / CHECKPOINT_NAME
         tmp = path.with_suffix(".tmp")
-        torch.save(self._checkpoint_state(), tmp)
+        torch.save(state, tmp)
         tmp.replace(path)
+
+    @property
+    def epoch(self) -> float:
+        return self.stream.epoch if self.stream is not None else self.sampler.epoch
 
     def load_checkpoint(self) -> int:
         path = self.run_dir / CHECKPOINT_NAME
@@ -151,7 +193,17 @@ class Trainer:
         state = torch.load(path, map_location=self.device, weights_only=False)
         self.objective.model.load_state_dict(state["model"])
         self.algorithm.load_state_dict(state["algorithm"])
-        self.sampler.load_state_dict(state["sampler"])
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        if self.stream is not None:
+            streams = state["stream"]
+            if len(streams) != self.dist.world_size:
+                raise ValueError(
+                    f"checkpoint was written by {len(streams)} data-parallel ranks, this run has "
+                    f"{self.dist.world_size}; resume a streaming run with the same number of processes"
+                )
+            self.stream.load_state_dict(streams[self.dist.rank])
+        self.tokens_seen = state.get("tokens_seen", 0)
         set_rng_state(state["rng"])
         self.step = state["step"]
         self.algo_time = state["algo_time"]
@@ -171,12 +223,25 @@ class Trainer:
         _sync(self.device)
         t0 = time.perf_counter()
         metrics = {}
+        reduce = None
+        if self.dist.enabled:
+            reduce = lambda values: all_reduce(values, "sum", self.dist, self.device)  # noqa: E731
         for split in self.cfg.eval_splits:
             pair = getattr(self.data, split, None)
             if pair is None:
                 continue
+            x, y = pair
+            if self.dist.enabled:
+                part = shard_slice(x.shape[0], self.dist.rank, self.dist.world_size)
+                x, y = x[part], y[part]
             for name, value in evaluate_split(
-                self.objective, pair[0], pair[1], self.cfg.eval_batch_size
+                self.objective,
+                x,
+                y,
+                self.cfg.eval_batch_size,
+                galore_compat=self.cfg.eval_galore_compat,
+                reduce=reduce,
+                world_size=self.dist.world_size,
             ).items():
                 metrics[f"{split}/{name}"] = value
         _sync(self.device)
@@ -209,7 +274,7 @@ class Trainer:
         cfg = self.cfg
         if self.step >= cfg.max_steps:
             return "max_steps"
-        if cfg.max_epochs is not None and self.sampler.epoch >= cfg.max_epochs:
+        if cfg.max_epochs is not None and self.epoch >= cfg.max_epochs:
             return "max_epochs"
         if cfg.max_algo_time_s is not None and self.algo_time >= cfg.max_algo_time_s:
             return "max_algo_time"
@@ -220,7 +285,7 @@ class Trainer:
     def _record(self, recorder: RunRecorder, row: dict[str, Any]) -> None:
         row = {
             "step": self.step,
-            "epoch": self.sampler.epoch,
+            "epoch": self.epoch,
             "algo_time_s": self.algo_time,
             "wall_time_s": self._wall(),
             **row,
@@ -229,16 +294,57 @@ class Trainer:
         if self.step % self.tracker_every == 0 or any("/" in k for k in row):  # eval rows always
             self.tracker.log(row, step=self.step)
 
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """This rank's share of the next global batch, and the global batch size."""
+        batch_size = self.algorithm.next_batch_size() or self.cfg.batch_size
+        world = self.dist.world_size
+        if self.stream is not None:
+            if batch_size % world:
+                raise ValueError(
+                    f"batch size {batch_size} is not divisible by the {world} data-parallel ranks"
+                )
+            x, y = self.stream.next_batch(batch_size // world)
+            return x.to(self.device), y.to(self.device), batch_size
+        x_train, y_train = self.data.train
+        idx = self.sampler.next_indices(batch_size)
+        global_size = int(idx.numel())
+        idx = shard(idx, self.dist.rank, world).to(x_train.device)
+        return x_train[idx], y_train[idx], global_size
+
+    def _count_tokens(self, y: torch.Tensor) -> int | None:
+        """Scored targets of a sequence batch (language modelling); None for other tasks."""
+        if y.dtype.is_floating_point or y.dim() < 2 or self.objective.loss_kind != "cross_entropy":
+            return None
+        return int((y != self.objective.ignore_index).sum())
+
+    def _reduce_step(
+        self, scalars: dict[str, Any], tokens: int | None, seconds: float
+    ) -> tuple[int | None, float]:
+        """Mean loss and total tokens over ranks; the slowest rank's step time."""
+        if not self.dist.enabled:
+            return tokens, seconds
+        loss = scalars.get("loss")
+        has_loss = isinstance(loss, (int, float))
+        summed = all_reduce(
+            [float(loss) if has_loss else 0.0, float(tokens or 0)], "sum", self.dist, self.device
+        )
+        if has_loss:
+            scalars["loss"] = summed[0] / self.dist.world_size
+        (seconds,) = all_reduce([seconds], "max", self.dist, self.device)
+        return (int(summed[1]) if tokens is not None else None), seconds
+
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:
         self._t_start = time.perf_counter()
         if resume:
             self.load_checkpoint()
-        recorder = RunRecorder(self.run_dir, resume_step=self.step if resume else None)
+        if self.dist.is_main:
+            recorder: Any = RunRecorder(self.run_dir, resume_step=self.step if resume else None)
+        else:
+            recorder = _NullRecorder()
         stop_reason = None
-        x_train, y_train = self.data.train
         progress = None
-        if self.cfg.progress:
+        if self.cfg.progress and self.dist.is_main:
             from tqdm.auto import tqdm
 
             # disable=None: shown on a terminal, silent in logs and CI
@@ -251,17 +357,28 @@ class Trainer:
             while (stop_reason := self._stop_reason()) is None:
                 t_data = time.perf_counter()
                 excluded_before = self.eval_time
-                batch_size = self.algorithm.next_batch_size() or self.cfg.batch_size
-                idx = self.sampler.next_indices(batch_size).to(x_train.device)
-                batch = (x_train[idx], y_train[idx])
+                try:
+                    x_batch, y_batch, global_size = self._next_batch()
+                except StopIteration:
+                    stop_reason = "data_exhausted"
+                    break
+                tokens = self._count_tokens(y_batch)
                 _sync(self.device)
                 t0 = time.perf_counter()
-                scalars = self.algorithm.step(batch)
+                scalars = self.algorithm.step((x_batch, y_batch))
                 _sync(self.device)
                 t1 = time.perf_counter()
-                self.algo_time += t1 - t0
+                tokens, seconds = self._reduce_step(scalars, tokens, t1 - t0)
+                self.algo_time += seconds
                 self.step += 1
-                row: dict[str, Any] = {"batch_size": int(idx.numel()), "step_time_s": t1 - t0, **scalars}
+                row: dict[str, Any] = {"batch_size": global_size, "step_time_s": seconds, **scalars}
+                if tokens is not None:
+                    self.tokens_seen += tokens
+                    row.update(
+                        tokens=tokens,
+                        tokens_seen=self.tokens_seen,
+                        tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
+                    )
                 diverged = not all(_finite(v) for k, v in scalars.items() if k == "loss")
                 if self.step % self.cfg.eval_every == 0 or diverged or self._stop_reason() is not None:
                     metrics = self.evaluate()
@@ -296,6 +413,8 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
+            if self.stream is not None:
+                self.stream.close()
             if self.status in ("completed", "interrupted") and (
                 self.cfg.keep_checkpoint or self.status == "interrupted"
             ):
@@ -313,13 +432,19 @@ class Trainer:
             "status": self.status,
             "stop_reason": stop_reason,
             "steps": self.step,
-            "epochs": self.sampler.epoch,
+            "epochs": self.epoch,
             "algo_time_s": self.algo_time,
             "wall_time_s": wall,
             "eval_time_s": self.eval_time,
             "loop_overhead_s": self.overhead_time,
             "loop_overhead_fraction": loop_overhead,
             "peak_mem_bytes": peak_memory_bytes(self.device),
+            **(
+                {"tokens_seen": self.tokens_seen, "tokens_per_s": self.tokens_seen / self.algo_time}
+                if self.tokens_seen and self.algo_time > 0
+                else {}
+            ),
+            "world_size": self.dist.world_size,
             "final": self.last_eval,
             "best": self.best,
             **self.summary_extra,

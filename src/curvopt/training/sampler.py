@@ -68,3 +68,17 @@ class BatchSampler:
         self.examples_seen = state["examples_seen"]
         self._perm = state["perm"].clone()
         self._pos = state["pos"]
+
+
+def shard(indices: Tensor, rank: int = 0, world_size: int = 1) -> Tensor:
+    """This rank's contiguous chunk of a global batch (data parallelism).
+
+    Every rank draws the same global indices from an identically seeded sampler and keeps chunk
+    ``rank``; the chunks are disjoint and their union is the global batch, so N processes see
+    exactly the batch one process would (see ``curvopt.training.distributed``).
+    """
+    if world_size == 1:
+        return indices
+    from curvopt.training.distributed import shard_slice
+
+    return indices[shard_slice(indices.numel(), rank, world_size)]

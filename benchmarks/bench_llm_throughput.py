@@ -1,0 +1,176 @@
+"""Training throughput of each RACS/Alice-paper method relative to Adam, same model and machine.
+
+    python benchmarks/bench_llm_throughput.py                        # tiny (quick model) and 60M, CPU
+    python benchmarks/bench_llm_throughput.py --sizes 60m --device cuda --dtype bfloat16
+
+TP = non-pad tokens per second of the update (forward, backward, optimizer step; the loop's
+``TorchOptimizerAlgorithm.step`` with the run's micro-batching), as the loop logs it. Methods
+with a periodic projection refresh (GaLore, Fira, Alice, Alice-0: every K updates) pay for it
+once per K steps, so their TP is amortised: ``tokens / ((K−1)/K · t_steady + 1/K · t_refresh)``,
+with ``t_refresh`` timed on refresh steps (the first step, and steps of a run with K = 2) and
+``t_steady`` on the others. Targets (issue #8): RACS ≥ 0.9× and Alice ≥ 0.85× Adam.
+
+Builds each method from the same composed config as a run (``experiment=alice_c4`` for ``tiny``,
+``alice_c4_<size>_paper`` for the paper sizes) with a random-token batch of the profile's shape:
+tiny = 16 × 128 (2 micro-batches), 60M on the CPU = 4 × 256 (one micro-batch; the paper's
+512 × 256 is the same per-token work, 128× longer). Other processes may share the CPU: the
+record keeps the load average. Writes ``results/benchmarks/llm_throughput.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "experiments" / "alice_llm"))
+
+from specs import method_by_key  # noqa: E402
+
+METHODS = ["adam", "racs", "alice", "alice0", "galore", "fira"]
+SHAPES = {"tiny": (16, 128, 8), "60m": (4, 256, None), "130m": (4, 256, None)}  # batch, length, micro
+REFRESH_KEYS = ("update_proj_gap", "update_interval", "proj_gap", "K")
+
+
+def compose_cfg(size: str, method_key: str, extra: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    m = method_by_key(method_key)
+    exp = "alice_c4" if size == "tiny" else f"alice_c4_{size}_paper"
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose(
+            "config",
+            [
+                f"experiment={exp}",
+                f"optimizer={m.optimizer}",
+                *[o for o in m.run_overrides() if not o.startswith("tag=")],
+                "logger=none",
+                *extra,
+            ],
+        )
+
+
+def refresh_key(cfg) -> str | None:
+    for key in REFRESH_KEYS:
+        if key in cfg.optimizer:
+            return key
+    return None
+
+
+def time_steps(
+    size: str, method_key: str, steps: int, device: torch.device, dtype: torch.dtype, extra: list[str]
+):
+    """Step times of ``steps`` updates (the first included) on one fixed random batch."""
+    from omegaconf import open_dict
+
+    from curvopt.objective import Objective
+    from curvopt.training.algorithm import DataBundle
+    from curvopt.training.build import build_algorithm, build_model
+
+    cfg = compose_cfg(size, method_key, extra)
+    with open_dict(cfg):
+        cfg.optimizer.pop(
+            "scheduler", None
+        )  # constant lr: the schedule costs nothing and lr 0 at step 1 hides work
+    torch.manual_seed(0)
+    model, loss = build_model(cfg, dtype, device)
+    batch, length, micro = SHAPES[size]
+    vocab = int(model.vocab_size)
+    x = torch.randint(3, vocab, (batch, length), device=device)
+    y = x[:, 1:].clone()
+    data = DataBundle(train=(x, y))
+    algo = build_algorithm(cfg.optimizer, Objective(model, loss), data, micro_batch_size=micro)
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        algo.step((x, y))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times, int((y != -100).sum()), cfg
+
+
+def measure(size: str, method_key: str, steps: int, device: torch.device, dtype: torch.dtype) -> dict:
+    times, tokens, cfg = time_steps(size, method_key, steps, device, dtype, [])
+    steady = statistics.median(times[1:])
+    key = refresh_key(cfg)
+    record = {
+        "size": size,
+        "method": method_key,
+        "tokens_per_step": tokens,
+        "steady_step_s": steady,
+        "first_step_s": times[0],
+        "step_times_s": times,
+    }
+    if key is not None:
+        interval = int(cfg.optimizer[key])
+        # every step of a K=2 run after the first alternates refresh / no refresh
+        r_times, _, _ = time_steps(size, method_key, 5, device, dtype, [f"optimizer.{key}=2"])
+        refresh = statistics.median([r_times[i] for i in (2, 4)])  # t % 2 == 0 → refresh
+        amortised = (interval - 1) / interval * steady + refresh / interval
+        record.update(
+            refresh_key=key, refresh_interval=interval, refresh_step_s=refresh, amortised_step_s=amortised
+        )
+    else:
+        amortised = steady
+        record.update(amortised_step_s=amortised)
+    record["tokens_per_s"] = tokens / amortised
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "60m"])
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed updates per method (default: 10 tiny, 4 else)"
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / "llm_throughput.json")
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    results = []
+    for size in args.sizes:
+        steps = args.steps or (10 if size == "tiny" else 4)
+        adam_tp = None
+        for method in args.methods:
+            try:
+                rec = measure(size, method, steps, device, dtype)
+            except Exception as err:  # a method missing here must not lose the others
+                print(f"{size:>5} {method:>8}: failed ({err!r})", flush=True)
+                continue
+            if method == "adam":
+                adam_tp = rec["tokens_per_s"]
+            rec["relative_to_adam"] = rec["tokens_per_s"] / adam_tp if adam_tp else None
+            results.append(rec)
+            rel = f"{rec['relative_to_adam']:.3f}x Adam" if rec["relative_to_adam"] else ""
+            print(f"{size:>5} {method:>8}: {rec['tokens_per_s']:10.0f} tok/s  {rel}", flush=True)
+    out = {
+        "device": args.device if args.device != "cuda" else torch.cuda.get_device_name(),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "dtype": args.dtype,
+        "load_average": os.getloadavg(),
+        "torch": torch.__version__,
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""LSMR (Fong & Saunders 2011) on torch tensors, with the SHF paper's validation-merit stopping.
+
+Why our own solver instead of ``scipy.sparse.linalg.lsmr``:
+
+* the operators are JVP/VJP closures on torch tensors (possibly on a GPU); SciPy would force a
+  host round-trip and float64 numpy vectors every iteration;
+* SHF-LSMR (Algorithm 6 of the paper) stops LSMR on a *validation merit* evaluated at
+  geometrically spaced iterations, which SciPy cannot express;
+* SciPy has no preconditioner argument; right diagonal preconditioning is built in here.
+
+The recurrences, including the estimates of ‖r̄‖ (extra rotations on β̈/β̂/τ̃), ‖Ā‖, cond(Ā) and
+‖Āᵀr̄‖ = |ζ̄|, follow Fong & Saunders' paper as SciPy implements them, so with merit stopping off the
+iterates, ``istop`` and ``itn`` match SciPy's (tests/test_shf_lsmr.py). All recurrence scalars are
+python floats (float64) whatever the vector dtype: the bidiagonalisation accumulates round-off and
+the paper ran in Float64.
+
+Problem solved (``A`` is m×n, ``c`` the optional right preconditioner, ``damp`` = λ)::
+
+    min_x  ‖A diag(c) x − b‖² + λ² ‖x − x0‖²
+
+i.e. with a warm start the damping pulls toward ``x0`` (the increment is what LSMR builds), exactly
+as SciPy's ``lsmr(..., x0=)`` and the paper's Eq. (19) do. ``x`` is the preconditioned variable
+(the paper's y); the original-space point is ``c ∘ x`` (:attr:`LSMRResult.solution`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Matvec = Callable[[Tensor], Tensor]
+
+#: istop → stop reason. 0–7 are SciPy's codes; 8–11 are ours.
+STOP_REASONS: dict[int, str] = {
+    0: "x0_is_solution",  # A^T b = 0 (or A^T r0 = 0): nothing to do
+    1: "compatible",  # ‖r‖/‖b‖ <= btol + atol ‖A‖‖x‖/‖b‖
+    2: "atol",  # ‖Āᵀr̄‖ / (‖Ā‖ ‖r̄‖) <= atol: least-squares solution good enough
+    3: "conlim",  # cond(Ā) >= conlim
+    4: "compatible_eps",
+    5: "atol_eps",
+    6: "conlim_eps",
+    7: "maxiter",
+    8: "merit_ftol",  # validation merit stagnated (paper: f_k == f_min and small relative progress)
+    9: "merit_recover",  # validation merit did not recover its minimum within `recover` iterations
+    10: "breakdown",  # β_{k+1} = 0 or α_{k+1} = 0: the Krylov space is exhausted, x_k is exact
+    11: "nonfinite",  # a recurrence scalar or the merit became NaN/inf
+}
+
+
+@dataclass
+class LSMRResult:
+    """SciPy's eight return values plus diagnostics.
+
+    Iterating (or indexing 0–7) yields ``(x, istop, itn, normr, normar, norma, conda, normx)`` in
+    SciPy's order, so ``x, istop, itn, *_ = lsmr(...)`` works as a drop-in replacement.
+    """
+
+    x: Any
+    istop: int
+    itn: int
+    normr: float
+    normar: float
+    norma: float
+    conda: float
+    normx: float
+    stop_reason: str = ""
+    #: (iteration, merit value) at every merit evaluation; iteration 0 is φ(x0)
+    merit_history: list[tuple[int, float]] = field(default_factory=list)
+    best_itn: int | None = None  # iteration of the lowest merit (0 = x0)
+    best_merit: float | None = None
+    returned_best: bool = False  # True when `x` is the best-merit iterate, not the last one
+    precond: Tensor | None = None
+
+    def _scipy(self) -> tuple:
+        return (self.x, self.istop, self.itn, self.normr, self.normar, self.norma, self.conda, self.normx)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._scipy())
+
+    def __getitem__(self, index: int) -> Any:
+        return self._scipy()[index]
+
+    def __len__(self) -> int:
+        return 8
+
+    @property
+    def solution(self) -> Any:
+        """The original-space point ``c ∘ x`` (``x`` itself without a preconditioner)."""
+        return self.x if self.precond is None else self.precond * self.x
+
+
+def sym_ortho(a: float, b: float) -> tuple[float, float, float]:
+    """Stable Givens rotation: ``(c, s, r)`` with ``r = hypot(a, b) >= 0``, ``c = a/r``, ``s = b/r``."""
+    if b == 0.0:
+        return (math.copysign(1.0, a) if a != 0.0 else 1.0), 0.0, abs(a)
+    if a == 0.0:
+        return 0.0, math.copysign(1.0, b), abs(b)
+    if abs(b) > abs(a):
+        tau = a / b
+        s = math.copysign(1.0, b) / math.sqrt(1.0 + tau * tau)
+        c = s * tau
+        r = b / s
+    else:
+        tau = b / a
+        c = math.copysign(1.0, a) / math.sqrt(1.0 + tau * tau)
+        s = c * tau
+        r = a / c
+    return c, s, r
+
+
+def _norm(t: Tensor) -> float:
+    return float(torch.linalg.vector_norm(t))
+
+
+def as_operator(A: Any) -> tuple[Matvec, Matvec, tuple[int, int], bool]:
+    """``(matvec, rmatvec, shape, numpy_mode)`` for the accepted kinds of ``A``.
+
+    * a dense or sparse torch matrix;
+    * ``(matvec, rmatvec, shape)``, or any object with ``matvec``/``rmatvec``/``shape`` whose
+      methods take and return torch tensors (a "torch LinearOperator");
+    * a numpy array, scipy sparse matrix or ``scipy.sparse.linalg.LinearOperator``: the vectors are
+      converted at each call and the solution is returned as numpy (``numpy_mode``).
+    """
+    if isinstance(A, Tensor):
+        if A.dim() != 2:
+            raise ValueError(f"A must be a matrix, got shape {tuple(A.shape)}")
+        return (lambda v: A @ v), (lambda u: A.mH @ u), (int(A.shape[0]), int(A.shape[1])), False
+    if isinstance(A, tuple) and len(A) == 3 and callable(A[0]) and callable(A[1]):
+        return A[0], A[1], (int(A[2][0]), int(A[2][1])), False
+    module = type(A).__module__
+    if isinstance(A, np.ndarray) or module.startswith("scipy"):
+        import scipy.sparse.linalg as spla
+
+        op = spla.aslinearoperator(A)
+
+        def mv(v: Tensor) -> Tensor:
+            return torch.from_numpy(np.asarray(op.matvec(v.cpu().numpy())).reshape(-1))
+
+        def rmv(u: Tensor) -> Tensor:
+            return torch.from_numpy(np.asarray(op.rmatvec(u.cpu().numpy())).reshape(-1))
+
+        return mv, rmv, (int(op.shape[0]), int(op.shape[1])), True
+    if hasattr(A, "matvec") and hasattr(A, "rmatvec") and hasattr(A, "shape"):
+        return A.matvec, A.rmatvec, (int(A.shape[0]), int(A.shape[1])), False
+    raise TypeError(f"cannot use {type(A).__name__} as an operator; pass (matvec, rmatvec, shape)")
+
+
+@torch.no_grad()
+def lsmr(
+    A: Any,
+    b: Any,
+    damp: float = 0.0,
+    atol: float = 1e-6,
+    btol: float = 1e-6,
+    conlim: float = 1e8,
+    maxiter: int | None = None,
+    show: bool = False,
+    x0: Any = None,
+    *,
+    precond: Tensor | None = None,
+    merit: Callable[[Tensor], float] | None = None,
+    ftol: float = 1e-5,
+    miniter: int = 50,
+    recover: int = 100,
+    merit_first: int = 5,
+    merit_growth: float = 1.25,
+    return_best: bool = False,
+    callback: Callable[[int, Tensor], None] | None = None,
+) -> LSMRResult:
+    """Solve ``min ‖A diag(c) x − b‖² + damp² ‖x − x0‖²`` by LSMR.
+
+    Arguments mirror :func:`scipy.sparse.linalg.lsmr` (``A, b, damp, atol, btol, conlim, maxiter,
+    show, x0``); the result unpacks to SciPy's ``(x, istop, itn, normr, normar, norma, conda,
+    normx)``. Extra keyword arguments:
+
+    precond:
+        vector ``c`` of right diagonal preconditioning: LSMR runs on ``v ↦ A(c∘v)``,
+        ``u ↦ c∘(Aᵀu)``; ``x``, ``x0`` and the merit's argument are in that scaled variable.
+    merit:
+        SHF's validation merit φ (Algorithm 6). When given, it is evaluated at ``x0`` and at
+        iterations ``k = merit_first, ceil(merit_growth·k), …`` (capped at ``maxiter``), and
+
+        * stops with ``merit_ftol`` when ``k > miniter``, φ_k is the lowest so far and
+          ``(φ_prev − φ_k)/φ_k < (k − k_prev)·ftol`` (Martens-style relative progress);
+        * stops with ``merit_recover`` when ``k > miniter``, φ_k is above the minimum and more than
+          ``recover`` iterations have passed since it;
+        * of SciPy's tests only ``test2 = ‖Āᵀr̄‖/(‖Ā‖‖r̄‖) <= atol`` stays on (the paper's rule);
+          ``btol`` and ``conlim`` are ignored.
+    return_best:
+        return the best-merit iterate instead of the last one (the paper's Algorithm 6 tracks it
+        but returns the last iterate).
+    callback:
+        called as ``callback(itn, x)`` after every iteration (tests, diagnostics).
+
+    Breakdown (β or α becoming exactly 0) finishes the current iteration — whose iterate is then
+    the exact minimiser on the Krylov space — and stops.
+    """
+    matvec, rmatvec, (m, n), numpy_mode = as_operator(A)
+    b_t = torch.as_tensor(np.asarray(b) if numpy_mode else b)
+    if b_t.dim() > 1:
+        b_t = b_t.squeeze()
+    if numpy_mode:
+        b_t = b_t.to(torch.float64)
+    if b_t.numel() != m:
+        raise ValueError(f"b has {b_t.numel()} entries, A has {m} rows")
+    dtype, device = b_t.dtype, b_t.device
+    if not dtype.is_floating_point and not dtype.is_complex:
+        dtype = torch.float64
+        b_t = b_t.to(dtype)
+    c = None if precond is None else torch.as_tensor(precond, dtype=dtype, device=device).reshape(-1)
+    if c is not None:
+        mv0, rmv0 = matvec, rmatvec
+        matvec = lambda v: mv0(c * v)
+        rmatvec = lambda u: c * rmv0(u)
+    if maxiter is None:
+        maxiter = min(m, n)
+    maxiter = int(maxiter)
+    damp = float(damp)
+
+    def out(x: Tensor) -> Any:
+        return x.cpu().numpy() if numpy_mode else x
+
+    # -- initialisation (Fong & Saunders; SciPy's order) ------------------------------------------
+    u = b_t.clone()
+    normb = _norm(b_t)
+    if x0 is None:
+        x = torch.zeros(n, dtype=dtype, device=device)
+        beta = normb
+    else:
+        x = torch.as_tensor(np.asarray(x0) if numpy_mode else x0).to(dtype=dtype, device=device)
+        x = x.reshape(-1).clone()
+        u = u - matvec(x).to(dtype)
+        beta = _norm(u)
+    if beta > 0:
+        u.mul_(1.0 / beta)
+        v = rmatvec(u).to(dtype=dtype, copy=True)
+        alpha = _norm(v)
+    else:
+        v = torch.zeros(n, dtype=dtype, device=device)
+        alpha = 0.0
+    if alpha > 0:
+        v.mul_(1.0 / alpha)
+
+    itn = 0
+    zetabar = alpha * beta
+    alphabar = alpha
+    rho = 1.0  # the paper's Algorithm 6 prints ρ0 ← 0, a typo (0/0 in the first h̄ update)
+    rhobar = 1.0
+    cbar = 1.0
+    sbar = 0.0
+    h = v.clone()
+    hbar = torch.zeros(n, dtype=dtype, device=device)
+    # ‖r‖ estimation
+    betadd = beta
+    betad = 0.0
+    rhodold = 1.0
+    tautildeold = 0.0
+    thetatilde = 0.0
+    zeta = 0.0
+    dsum = 0.0
+    # ‖A‖, cond(A)
+    norma2 = alpha * alpha
+    maxrbar = 0.0
+    minrbar = 1e100
+    norma = math.sqrt(norma2)
+    conda = 1.0
+    normx = 0.0
+    istop = 0
+    ctol = 1.0 / conlim if conlim > 0 else 0.0
+    normr = beta
+    normar = alpha * beta
+
+    use_merit = merit is not None
+    result_extra: dict[str, Any] = {"merit_history": []}
+    if normar == 0 or normb == 0:
+        if normb == 0 and x0 is None:
+            x.zero_()
+        normx = _norm(x)
+        return LSMRResult(out(x), 0, 0, normr, normar, norma, conda, normx, STOP_REASONS[0], precond=c)
+
+    # merit bookkeeping (Algorithm 6)
+    f_min = math.inf
+    k_min = 0
+    k_prev = 0
+    k_next = min(int(merit_first), maxiter)
+    x_min: Tensor | None = None
+    history: list[tuple[int, float]] = result_extra["merit_history"]
+    f_prev = math.nan
+    if use_merit:
+        f_prev = float(merit(x))
+        history.append((0, f_prev))
+        f_min, k_min = (f_prev, 0) if math.isfinite(f_prev) else (math.inf, 0)
+        if return_best:
+            x_min = x.clone()
+    if show:
+        print(f"LSMR: {m}x{n}, damp={damp:.3e}, atol={atol:.1e}, maxiter={maxiter}")
+
+    while itn < maxiter:
+        itn += 1
+        # Golub–Kahan: beta u = A v − alpha u,  alpha v = Aᵀ u − beta v
+        # (one fused pass each, into buffers the solver owns: operator outputs are never modified)
+        torch.add(matvec(v), u, alpha=-alpha, out=u)
+        beta = _norm(u)
+        if beta > 0:
+            u.mul_(1.0 / beta)
+            torch.add(rmatvec(u), v, alpha=-beta, out=v)
+            alpha = _norm(v)
+            if alpha > 0:
+                v.mul_(1.0 / alpha)
+        # rotation P̂_k (damping), then P_k turning B into R
+        chat, shat, alphahat = sym_ortho(alphabar, damp)
+        rhoold = rho
+        cc, ss, rho = sym_ortho(alphahat, beta)
+        thetanew = ss * alpha
+        alphabar = cc * alpha
+        # rotation P̄_k turning Rᵀ into R̄
+        rhobarold = rhobar
+        zetaold = zeta
+        thetabar = sbar * rho
+        rhotemp = cbar * rho
+        cbar, sbar, rhobar = sym_ortho(cbar * rho, thetanew)
+        zeta = cbar * zetabar
+        zetabar = -sbar * zetabar
+        # h̄, x, h updates
+        torch.add(h, hbar, alpha=-(thetabar * rho / (rhoold * rhobarold)), out=hbar)
+        x.add_(hbar, alpha=zeta / (rho * rhobar))
+        torch.add(v, h, alpha=-(thetanew / rho), out=h)
+        # ‖r̄‖ estimate: rotations Q̂, Q and Q̃ applied to the right-hand side
+        betaacute = chat * betadd
+        betacheck = -shat * betadd
+        betahat = cc * betaacute
+        betadd = -ss * betaacute
+        thetatildeold = thetatilde
+        ctildeold, stildeold, rhotildeold = sym_ortho(rhodold, thetabar)
+        thetatilde = stildeold * rhobar
+        rhodold = ctildeold * rhobar
+        betad = -stildeold * betad + ctildeold * betahat
+        tautildeold = (zetaold - thetatildeold * tautildeold) / rhotildeold
+        taud = (zeta - thetatilde * tautildeold) / rhodold
+        dsum += betacheck * betacheck
+        normr = math.sqrt(dsum + (betad - taud) ** 2 + betadd * betadd)
+        # ‖Ā‖ and cond(Ā) estimates
+        norma2 += beta * beta
+        norma = math.sqrt(norma2)
+        norma2 += alpha * alpha
+        maxrbar = max(maxrbar, rhobarold)
+        if itn > 1:
+            minrbar = min(minrbar, rhobarold)
+        conda = max(maxrbar, rhotemp) / min(minrbar, rhotemp)
+        normar = abs(zetabar)
+        test2 = normar / (norma * normr) if norma * normr != 0 else math.inf
+
+        if callback is not None:
+            callback(itn, x)
+
+        if not all(math.isfinite(t) for t in (normr, normar, zeta, rho, rhobar)):
+            istop = 11
+            break
+        if use_merit:
+            if test2 <= atol:
+                istop = 2
+                break
+            if beta == 0 or alpha == 0:
+                istop = 10
+                break
+            if itn == k_next:
+                f_k = float(merit(x))
+                history.append((itn, f_k))
+                if f_k < f_min:
+                    f_min, k_min = f_k, itn
+                    if return_best:
+                        x_min = x.clone()
+                if not math.isfinite(f_k):
+                    istop = 11
+                    break
+                if itn > miniter and f_k == f_min and (f_prev - f_k) / f_k < (itn - k_prev) * ftol:
+                    istop = 8
+                    break
+                if itn > miniter and f_k > f_min and itn > k_min + recover:
+                    istop = 9
+                    break
+                k_next = min(math.ceil(merit_growth * k_next), maxiter)
+                k_prev, f_prev = itn, f_k
+            if itn >= maxiter:
+                istop = 7
+            continue
+
+        # SciPy's stopping rules
+        normx = _norm(x)
+        test1 = normr / normb
+        test3 = 1.0 / conda
+        t1 = test1 / (1.0 + norma * normx / normb)
+        rtol = btol + atol * norma * normx / normb
+        if itn >= maxiter:
+            istop = 7
+        if 1 + test3 <= 1:
+            istop = 6
+        if 1 + test2 <= 1:
+            istop = 5
+        if 1 + t1 <= 1:
+            istop = 4
+        if test3 <= ctol:
+            istop = 3
+        if test2 <= atol:
+            istop = 2
+        if test1 <= rtol:
+            istop = 1
+        if show and (itn <= 10 or itn % 10 == 0 or istop):
+            print(f"{itn:6d} normr={normr:10.3e} normar={normar:10.3e} test1={test1:8.1e} test2={test2:8.1e}")
+        if istop > 0:
+            break
+        if beta == 0 or alpha == 0:  # cannot happen without a test firing above, kept as a guard
+            istop = 10
+            break
+
+    returned_best = False
+    if use_merit and return_best and x_min is not None and k_min != itn:
+        x = x_min
+        returned_best = True
+    normx = _norm(x)
+    if show:
+        print(f"LSMR stop: {STOP_REASONS[istop]} itn={itn} normr={normr:.3e} normar={normar:.3e}")
+    return LSMRResult(
+        out(x),
+        istop,
+        itn,
+        normr,
+        normar,
+        norma,
+        conda,
+        normx,
+        STOP_REASONS[istop],
+        merit_history=history,
+        best_itn=k_min if use_merit else None,
+        best_merit=(f_min if math.isfinite(f_min) else None) if use_merit else None,
+        returned_best=returned_best,
+        precond=c,
+    )

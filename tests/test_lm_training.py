@@ -204,3 +204,13 @@ def test_lm_run_records_and_resume(tmp_path, _has_c4, streaming):
     assert r_full[1]["lr"] == 0.0 and r_full[-1]["loss"] < r_full[1]["loss"]
     assert full["tokens_per_s"] > 0 and full["tokens_seen"] == last["tokens_seen"]
     assert sum(r["tokens"] for r in r_full if "tokens" in r) == last["tokens_seen"]
+
+
+def test_lm_divergence_keeps_records(tmp_path, _has_c4):
+    cfg = _lm_cfg(tmp_path, ["optimizer=sgd", "optimizer.lr=1e38", "trainer.max_steps=12", "run_id=boom"])
+    with open_dict(cfg):
+        cfg.optimizer.pop("scheduler")
+    summary = run_from_config(cfg)
+    assert summary["status"] == "diverged" and summary["stop_reason"] == "non_finite_loss"
+    rows = read_metrics(Path(summary["run_dir"]) / "metrics.jsonl")
+    assert rows[-1]["step"] == summary["steps"] < 12 and (Path(summary["run_dir"]) / "summary.json").exists()

@@ -1,0 +1,247 @@
+"""Fast Gauss-Newton building blocks (Korbit & Zanon 2026, arXiv 2605.06081).
+
+Softmax cross-entropy is rewritten exactly as ``ℓ = softplus(s)`` of one scalar per example, the
+true-vs-rest margin ``s = logsumexp_{j≠*} z_j − z_*``. Its curvature ``φ''(s) = p_* p_†`` times the
+rank-one ``J_sᵀ J_s`` is FGN's curvature; the damped step lives in the b-dimensional row space.
+This module holds the pieces both FGN implementations share:
+
+* the batched margin map and its logit-space gradient ``a = ∇_z s = ρ_full − e_y`` (paper 2.7),
+* the weights ``√q = √(p_* p_†)`` and ``r̃ = √(p_†/p_*)``, computed from the margin and never
+  from ``p`` (which underflows for confident examples),
+* the dispersion diagnostic ``ξ = 1 − ‖ρ‖²`` (paper 3.6),
+* the closed-form Gram of an affine head (Appendix F.2),
+* a fixed-length CG for the b×b row-space system,
+* input checks run before any update (labels in range, C ≥ 2, finite logits),
+* ``linear_maps``: JVP and VJP closures of a map from one linearisation, shared with SGN.
+
+Dense float64 references for every identity live in ``tests/test_fgn_identities.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import vjp
+
+log = logging.getLogger(__name__)
+
+#: Margins are clamped to ±MARGIN_CLAMP before forming √q and r̃. At |s| = 80 both factors are
+#: e^{±40} (finite in float32) and their product √q·r̃ = p_† is unchanged, so the clamp only
+#: alters curvature weights that are already below e^{-40}; see docs/fgn.md.
+MARGIN_CLAMP = 80.0
+
+
+# -- input checks ----------------------------------------------------------------------------------
+def check_classification_batch(logits: Tensor, y: Tensor) -> None:
+    """Raise a clear ``ValueError`` before any update when the batch cannot define a margin.
+
+    One host synchronisation for all checks (labels in ``[0, C)``, finite logits).
+    """
+    if logits.dim() != 2:
+        raise ValueError(
+            f"FGN/SGN need class logits of shape (batch, C); the model returned shape {tuple(logits.shape)}"
+        )
+    num_classes = logits.shape[1]
+    if num_classes < 2:
+        raise ValueError(
+            f"the true-vs-rest margin needs at least C = 2 classes; the model has C = {num_classes}"
+        )
+    if y.dtype.is_floating_point or y.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got dtype {y.dtype}")
+    if y.shape != logits.shape[:1]:
+        raise ValueError(
+            f"labels of shape {tuple(y.shape)} do not match logits of shape {tuple(logits.shape)}"
+        )
+    if y.numel() == 0:
+        raise ValueError("empty batch")
+    flags = torch.stack([y.min() < 0, y.max() >= num_classes, ~torch.isfinite(logits).all()]).tolist()
+    if flags[0] or flags[1]:
+        raise ValueError(
+            f"labels must lie in [0, {num_classes}); this batch has labels in "
+            f"[{int(y.min())}, {int(y.max())}]"
+        )
+    if flags[2]:
+        raise FloatingPointError(
+            "non-finite logits (nan/inf) at the current parameters; no update was made "
+            "(the previous step diverged or the inputs hold nan/inf)"
+        )
+
+
+# -- the margin map ----------------------------------------------------------------------------------
+def true_class_mask(logits: Tensor, y: Tensor) -> Tensor:
+    """Boolean ``(b, C)`` mask of the true classes (an ``arange`` comparison: traceable, unlike
+    ``F.one_hot``, which checks label values on the host)."""
+    return torch.arange(logits.shape[1], device=logits.device) == y[:, None]
+
+
+def true_vs_rest_margin(logits: Tensor, y: Tensor) -> Tensor:
+    """``s_i = logsumexp_{j≠y_i} z_ij − z_{i,y_i}`` (paper 2.3), differentiable in ``logits``.
+
+    The true class is masked to −inf, so the competitor softmax in the backward pass gives it
+    weight exactly 0 (no nan: its tangent/cotangent is also 0)."""
+    mask = true_class_mask(logits, y)
+    competitors = logits.masked_fill(mask, float("-inf"))
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    return torch.logsumexp(competitors, dim=1) - true
+
+
+def competitor_distribution(logits: Tensor, y: Tensor) -> Tensor:
+    """``ρ_full``: softmax over the competitors scattered back to length C (0 at the true class).
+
+    Computed as a softmax of the masked logits, not as ``p_j / p_†`` (paper 2.6; stable when
+    ``p_†`` underflows)."""
+    return torch.softmax(logits.masked_fill(true_class_mask(logits, y), float("-inf")), dim=1)
+
+
+def margin_logit_gradient(logits: Tensor, y: Tensor) -> Tensor:
+    """``a_i = ∇_z s_i = ρ_full,i − e_{y_i}`` (paper 2.7), shape ``(b, C)``."""
+    rho = competitor_distribution(logits, y)
+    return rho - true_class_mask(logits, y).to(rho.dtype)
+
+
+def dispersion(rho: Tensor) -> Tensor:
+    """``ξ_i = 1 − ‖ρ_i‖²`` (paper 3.6): 0 for one-hot ρ, at most ``1 − 1/(C−1)``; ``p_† ξ`` is the
+    trace of the logit-space curvature FGN drops."""
+    return 1.0 - (rho * rho).sum(dim=-1)
+
+
+def fgn_weights(s: Tensor, clamp: float = MARGIN_CLAMP) -> tuple[Tensor, Tensor]:
+    """``(√q, r̃)`` with ``q = p_* p_† = φ''(s)`` and ``r̃ = √(p_†/p_*) = e^{s/2}`` (paper 4.5).
+
+    ``√q = exp(−½(softplus(s) + softplus(−s)))`` uses ``−log p_* = softplus(s)`` and
+    ``−log p_† = softplus(−s)``, so it neither underflows to 0/0 nor needs ``p``."""
+    sc = s.clamp(-clamp, clamp)
+    sqrt_q = torch.exp(-0.5 * (F.softplus(sc) + F.softplus(-sc)))
+    r_tilde = torch.exp(0.5 * sc)
+    return sqrt_q, r_tilde
+
+
+# -- closed-form affine head -----------------------------------------------------------------------
+def affine_gram(h: Tensor, a: Tensor, sqrt_q: Tensor | None = None, bias: bool = True) -> Tensor:
+    """Row-space Gram of the margin map of ``z = W h + b`` (Appendix F.2).
+
+    ``∂s_i/∂W = a_i h_iᵀ`` and ``∂s_i/∂b = a_i``, so ``(J Jᵀ)_ij = (h_iᵀh_j + 1)(a_iᵀa_j)``; the
+    ``+1`` is the bias. With ``sqrt_q`` the whitened ``K = √q√qᵀ ∘ J Jᵀ`` is returned. Two matmuls,
+    ``b²·D + b²·C``, and no autograd.
+    """
+    gram = h @ h.T
+    if bias:
+        gram.add_(1.0)
+    gram.mul_(a @ a.T)
+    if sqrt_q is not None:
+        gram.mul_(sqrt_q[:, None]).mul_(sqrt_q[None, :])
+    return gram
+
+
+# -- CG on the b×b row-space system -----------------------------------------------------------------
+def row_space_cg(
+    matvec: Callable[[Tensor], Tensor],
+    rhs: Tensor,
+    tol: float = 1e-5,
+    maxiter: int = 5,
+    early_exit: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Hestenes-Stiefel CG from ``x0 = 0`` for the SPD ``b×b`` system ``B u = r̃``.
+
+    FGN needs its own CG rather than the project's generic ``curvature.cg``: the unknown is one
+    small vector, so every iteration can be written with masked (``torch.where``) updates and no
+    data-dependent Python branch. With ``early_exit=False`` the loop always runs ``maxiter`` times
+    (converged or broken-down iterations become no-ops), which is what ``torch.compile`` /
+    CUDA graphs need; with ``early_exit=True`` (eager default) it stops as soon as no iteration is
+    active, at the cost of one host sync per iteration.
+
+    Stopping rule (SciPy/JAX semantics, paper defaults): iterate while ``k < maxiter`` and
+    ``‖r_k‖ > tol·‖rhs‖`` (``atol = 0``). A non-positive ``pᵀBp`` (breakdown from round-off on
+    a nearly singular system) ends the solve without using that direction.
+
+    Returns ``(u, info)`` with tensors ``iters`` (int), ``rel_residual`` (``‖r‖/‖rhs‖`` of the
+    recursively updated residual) and ``breakdown`` (bool).
+    """
+    x = torch.zeros_like(rhs)
+    r = rhs.clone()
+    p = r.clone()
+    rs = torch.dot(r, r)
+    rhs_norm2 = rs.clone()
+    threshold = (tol * tol) * rhs_norm2
+    iters = torch.zeros((), dtype=torch.long, device=rhs.device)
+    breakdown = torch.zeros((), dtype=torch.bool, device=rhs.device)
+    active = rs > threshold
+    for _ in range(maxiter):
+        if early_exit and not bool(active):
+            break
+        bp = matvec(p)
+        curvature = torch.dot(p, bp)
+        positive = curvature > 0
+        breakdown = breakdown | (active & ~positive)
+        step = active & positive
+        alpha = torch.where(step, rs / torch.where(positive, curvature, torch.ones_like(curvature)), 0.0)
+        x = x + alpha * p
+        r = r - alpha * bp
+        rs_new = torch.dot(r, r)
+        beta = torch.where(step, rs_new / torch.where(rs > 0, rs, torch.ones_like(rs)), 0.0)
+        p = torch.where(step, r + beta * p, p)
+        rs = torch.where(step, rs_new, rs)
+        iters = iters + step.long()
+        active = step & (rs > threshold)
+    rel = torch.sqrt(rs / torch.where(rhs_norm2 > 0, rhs_norm2, torch.ones_like(rhs_norm2)))
+    return x, {"iters": iters, "rel_residual": rel, "breakdown": breakdown}
+
+
+def log_breakdown(method: str, step: int, info: dict[str, Any]) -> None:
+    """Log a CG breakdown once per occurrence (the step itself is still taken with the iterate
+    reached before the breakdown, which is a descent direction)."""
+    log.warning(
+        "%s step %d: CG breakdown (non-positive curvature p^T B p from round-off) after %d iterations; "
+        "the solve was ended there",
+        method,
+        step,
+        int(info["iters"]),
+    )
+
+
+# -- linearisation ------------------------------------------------------------------------------------
+def linear_maps(
+    fn: Callable[[dict[str, Tensor]], Tensor],
+    params: dict[str, Tensor],
+    has_aux: bool = False,
+) -> tuple[Any, Callable[[Tensor], dict[str, Tensor]], Callable[[dict[str, Tensor]], Tensor], Any]:
+    """One linearisation of ``fn`` at ``params``: ``(out, vjp_fn, jvp_fn, aux)``.
+
+    ``vjp_fn(u) = Jᵀu`` reuses the forward graph. ``jvp_fn(v) = J v`` is obtained by the
+    *transpose trick*: ``u ↦ Jᵀu`` is linear, so its own VJP is ``v ↦ J v``. The graph of
+    ``vjp_fn`` is recorded during its first call (a product the caller needs anyway) and reused
+    by every ``jvp_fn`` call; each ``J v`` then costs one backward pass over that graph and needs
+    no second forward.
+    We use it instead of ``torch.func.linearize`` (which re-traces the forward with ``make_fx``
+    on every outer step: ~1 s per step for a 2048×1024 head on 2 CPU cores) and of
+    ``torch.func.jvp`` (which recomputes the primal each call).
+    """
+    if has_aux:
+        out, pullback, aux = vjp(fn, params, has_aux=True)
+    else:
+        out, pullback = vjp(fn, params)
+        aux = None
+
+    def raw_vjp(u: Tensor) -> dict[str, Tensor]:
+        return pullback(u)[0]
+
+    state: dict[str, Any] = {}
+
+    def vjp_fn(u: Tensor) -> dict[str, Tensor]:
+        if "pushforward" in state:
+            return raw_vjp(u)
+        # first call: record this VJP's graph as well, so J·v needs no extra pass to build it
+        result, state["pushforward"] = vjp(raw_vjp, u)
+        return result
+
+    def jvp_fn(v: dict[str, Tensor]) -> Tensor:
+        if "pushforward" not in state:
+            vjp_fn(torch.zeros_like(out))
+        return state["pushforward"](v)[0]
+
+    return out, vjp_fn, jvp_fn, aux

@@ -1,0 +1,288 @@
+"""Fast Gauss-Newton (FGN) for multiclass cross-entropy (Korbit & Zanon 2026, Algorithm 1).
+
+One step on a batch of ``b`` examples:
+
+1. logits ``z``, margins ``s_i = logsumexp_{j≠y_i} z_ij − z_{i,y_i}``, weights
+   ``√q_i = √(p_* p_†)`` and ``r̃_i = √(p_†/p_*)`` (from the margin, never from ``p``);
+2. CG from ``u = 0`` on the whitened row-space system ``(K + bλI) u = r̃`` with
+   ``K = Q^{1/2} J Jᵀ Q^{1/2}`` (``J``: Jacobian of the batched margin map, no 1/b), relative
+   tolerance and an iteration cap, no warm start;
+3. back-projection ``d = −Jᵀ Q^{1/2} u``, the exact solution of ``(H_FGN + λI) d = −g`` when the
+   solve is exact (Lemma D.1), and the update ``w ← w + α d``.
+
+Two implementations of the same step:
+
+* **generic** (any model with ``(b, C)`` logits): one linearisation of the logits map through
+  ``torch.func``; the margin map's JVP/VJP are the logit ones contracted with
+  ``a_i = ∇_z s_i = ρ_full,i − e_{y_i}``, and the closures are reused by every CG iteration;
+* **affine** (closed form, Appendix F.2): for ``z = W h + b`` the Gram is
+  ``K = √q√qᵀ ∘ (H Hᵀ + 1) ∘ (A Aᵀ)``, CG runs on that b×b matrix, and the back-projection is
+  fused into the update (``W −= α (c ∘ A)ᵀ H`` with ``c = √q ∘ u``): no autograd, no d×d or
+  b×d object. ``implementation="auto"`` picks it whenever the model is a linear head.
+
+Logged per step: ``loss`` (mean CE of the batch before the step, ``= mean softplus(s)``),
+``cg_iters``, ``cg_residual`` (CG's recursively updated ``‖(K+bλI)u − r̃‖/‖r̃‖``), ``cg_breakdown``, ``xi_mean`` (mean
+dispersion ``ξ = 1 − ‖ρ‖²``), ``dropped_trace_mean`` (mean ``p_† ξ``, the trace of the logit-space
+curvature FGN drops), ``step_norm`` (``‖d‖``), ``lr``, ``damping`` and ``implementation``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from curvopt.curvature.fgn_ops import (
+    MARGIN_CLAMP,
+    affine_gram,
+    check_classification_batch,
+    competitor_distribution,
+    dispersion,
+    fgn_weights,
+    linear_maps,
+    log_breakdown,
+    row_space_cg,
+    true_class_mask,
+    true_vs_rest_margin,
+)
+from curvopt.objective import Objective
+from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
+
+IMPLEMENTATIONS = ("auto", "generic", "affine")
+
+
+@dataclass
+class AffineHead:
+    """The weight ``(C, D)`` and optional bias ``(C,)`` of a model that is one affine map of its
+    (flattened) input; the tensors share storage with the module's parameters."""
+
+    weight: Tensor
+    bias: Tensor | None
+
+
+def find_affine_head(model: nn.Module) -> AffineHead | None:
+    """The model's ``nn.Linear`` when the model is nothing but that layer (optionally inside an
+    ``nn.Sequential`` with ``Flatten``/``Identity`` around it); ``None`` otherwise.
+
+    Any other trainable parameter means the model is not a linear head, so the generic path is
+    used. ``LinearHead`` (``curvopt.models.linear_head``) is an ``nn.Linear``.
+    """
+    linear: nn.Linear | None = None
+    if isinstance(model, nn.Linear):
+        linear = model
+    elif isinstance(model, nn.Sequential):
+        layers = [m for m in model if not isinstance(m, (nn.Identity, nn.Flatten))]
+        if len(layers) == 1 and isinstance(layers[0], nn.Linear) and isinstance(model[-1], nn.Linear):
+            linear = layers[0]
+    if linear is None:
+        return None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    owned = [p for p in (linear.weight, linear.bias) if p is not None and p.requires_grad]
+    if len(trainable) != len(owned) or not linear.weight.requires_grad:
+        return None
+    bias = linear.bias if (linear.bias is not None and linear.bias.requires_grad) else None
+    return AffineHead(weight=linear.weight, bias=bias)
+
+
+def affine_fgn_direction(
+    weight: Tensor,
+    bias: Tensor | None,
+    h: Tensor,
+    z: Tensor,
+    y: Tensor,
+    damping: float,
+    tol: float,
+    maxiter: int,
+    early_exit: bool = True,
+    clamp: float = MARGIN_CLAMP,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Closed-form FGN row-space solve for ``z = h Wᵀ + b`` (Appendix F.2).
+
+    Returns ``(cA, stats)`` where ``cA = (√q ∘ u)[:, None] ∘ A`` (shape ``(b, C)``) gives the
+    direction ``d_W = −cAᵀ h`` (``nn.Linear`` layout ``(C, D)``) and ``d_b = −Σ_i cA_i``. The
+    caller applies it fused into the update. Pure tensor code (no host sync when
+    ``early_exit=False``), so it can be compiled.
+    """
+    del weight  # the Gram needs only features and logit-space vectors
+    b = h.shape[0]
+    with torch.no_grad():
+        s = true_vs_rest_margin(z, y)
+        rho = competitor_distribution(z, y)
+        a = rho - true_class_mask(z, y).to(rho.dtype)
+        sqrt_q, r_tilde = fgn_weights(s, clamp)
+        gram = affine_gram(h, a, sqrt_q, bias=bias is not None)
+        shift = b * damping
+
+        def operator(v: Tensor) -> Tensor:
+            return torch.addmv(v, gram, v, beta=shift)
+
+        u, info = row_space_cg(operator, r_tilde, tol=tol, maxiter=maxiter, early_exit=early_exit)
+        ku = gram @ u
+        xi = dispersion(rho)
+        stats = {
+            "loss": F.softplus(s).mean(),
+            "cg_iters": info["iters"],
+            "cg_residual": info["rel_residual"],
+            "cg_breakdown": info["breakdown"],
+            "xi_mean": xi.mean(),
+            "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
+            "step_norm": torch.sqrt(torch.dot(u, ku).clamp_min(0)),  # ‖d‖² = uᵀKu
+        }
+        ca = (sqrt_q * u)[:, None] * a
+    return ca, stats
+
+
+class FGN(AlgorithmBase):
+    """Fast Gauss-Newton step (see module docstring). Paper defaults: ``lr`` (α) 0.1, constant
+    ``damping`` (λ) 1.0, ``cg_maxiter`` 5, ``cg_tol`` 1e-5, same batch for gradient and curvature.
+
+    ``implementation``: ``auto`` (closed form for a linear head, generic otherwise), ``generic``,
+    ``affine`` (error if the model is not a linear head). ``cg_early_exit=False`` runs all
+    ``cg_maxiter`` iterations as masked no-ops once converged (compile-friendly). ``compile``
+    wraps the closed-form solve in ``torch.compile`` (the paper timed JIT-compiled steps).
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        lr: float = 0.1,
+        damping: float = 1.0,
+        cg_tol: float = 1e-5,
+        cg_maxiter: int = 5,
+        implementation: str = "auto",
+        cg_early_exit: bool = True,
+        margin_clamp: float = MARGIN_CLAMP,
+        compile: bool = False,
+    ) -> None:
+        if objective.loss_kind != "cross_entropy":
+            raise ValueError(
+                f"FGN is defined for softmax cross-entropy; the objective's loss is {objective.loss_kind!r}"
+            )
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+        if lr <= 0 or damping <= 0:
+            raise ValueError(f"FGN needs lr > 0 and damping > 0 (got lr={lr}, damping={damping})")
+        if cg_maxiter < 1 or cg_tol < 0:
+            raise ValueError(f"need cg_maxiter >= 1 and cg_tol >= 0 (got {cg_maxiter}, {cg_tol})")
+        self.objective = objective
+        self.lr = float(lr)
+        self.damping = float(damping)
+        self.cg_tol = float(cg_tol)
+        self.cg_maxiter = int(cg_maxiter)
+        self.cg_early_exit = bool(cg_early_exit)
+        self.margin_clamp = float(margin_clamp)
+        self.head = find_affine_head(objective.model) if implementation in ("auto", "affine") else None
+        if implementation == "affine" and self.head is None:
+            raise ValueError(
+                "implementation='affine' needs a model that is a single nn.Linear (a linear head); "
+                f"got {type(objective.model).__name__}. Use implementation='generic' or 'auto'."
+            )
+        self.implementation = "affine" if self.head is not None else "generic"
+        self._direction = affine_fgn_direction
+        if compile and self.head is not None:
+            self._direction = torch.compile(affine_fgn_direction, dynamic=False)
+        self.steps = 0
+
+    # -- the step ---------------------------------------------------------------------------------
+    def step(self, batch: Batch) -> dict[str, Any]:
+        x, y = batch
+        if self.head is not None:
+            stats = self._affine_step(x, y)
+        else:
+            stats = self._generic_step(x, y)
+        self.steps += 1
+        return stats
+
+    def _finish(self, stats: dict[str, Tensor]) -> dict[str, Any]:
+        keys = list(stats)
+        values = torch.stack([stats[k].to(torch.float64) for k in keys]).tolist()  # one host sync
+        out: dict[str, Any] = dict(zip(keys, values))
+        out["cg_iters"] = int(out["cg_iters"])
+        out["cg_breakdown"] = int(out["cg_breakdown"])
+        if out["cg_breakdown"]:
+            log_breakdown("FGN", self.steps, {"iters": out["cg_iters"]})
+        out.update(lr=self.lr, damping=self.damping, implementation=self.implementation)
+        return out
+
+    def _affine_step(self, x: Tensor, y: Tensor) -> dict[str, Any]:
+        head = self.head
+        assert head is not None
+        h = x.reshape(x.shape[0], -1)
+        with torch.no_grad():
+            z = F.linear(h, head.weight, head.bias)
+            check_classification_batch(z, y)
+            ca, stats = self._direction(
+                head.weight,
+                head.bias,
+                h,
+                z,
+                y,
+                self.damping,
+                self.cg_tol,
+                self.cg_maxiter,
+                self.cg_early_exit,
+                self.margin_clamp,
+            )
+            # w ← w + α d with d_W = −cAᵀh, d_b = −Σ cA: back-projection fused into the update
+            head.weight.addmm_(ca.T, h, alpha=-self.lr)
+            if head.bias is not None:
+                head.bias.add_(ca.sum(dim=0), alpha=-self.lr)
+        return self._finish(stats)
+
+    def _generic_step(self, x: Tensor, y: Tensor) -> dict[str, Any]:
+        objective = self.objective
+        params = objective.params()
+        z, vjp_z, jvp_z, _ = linear_maps(lambda p: objective.forward(p, x), params)
+        z = z.detach()
+        check_classification_batch(z, y)
+        b = z.shape[0]
+        with torch.no_grad():
+            s = true_vs_rest_margin(z, y)
+            rho = competitor_distribution(z, y)
+            a = rho - true_class_mask(z, y).to(rho.dtype)  # ∇_z s: the margin map is a·z per row
+            sqrt_q, r_tilde = fgn_weights(s, self.margin_clamp)
+        shift = b * self.damping
+
+        def margin_vjp(v: Tensor) -> dict[str, Tensor]:  # Jᵀ v for the margin map
+            return vjp_z(v[:, None] * a)
+
+        def margin_jvp(t: dict[str, Tensor]) -> Tensor:  # J t
+            return (a * jvp_z(t)).sum(dim=1)
+
+        def operator(v: Tensor) -> Tensor:  # (K + bλI) v = √q ∘ J Jᵀ (√q ∘ v) + bλ v
+            return sqrt_q * margin_jvp(margin_vjp(sqrt_q * v)) + shift * v
+
+        u, info = row_space_cg(
+            operator, r_tilde, tol=self.cg_tol, maxiter=self.cg_maxiter, early_exit=self.cg_early_exit
+        )
+        with torch.no_grad():
+            back = margin_vjp(sqrt_q * u)  # −d = J̃ᵀu
+            for name, p in params.items():
+                p.add_(back[name], alpha=-self.lr)
+            xi = dispersion(rho)
+            stats = {
+                "loss": F.softplus(s).mean(),
+                "cg_iters": info["iters"],
+                "cg_residual": info["rel_residual"],
+                "cg_breakdown": info["breakdown"],
+                "xi_mean": xi.mean(),
+                "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
+                "step_norm": torch.sqrt(sum((t * t).sum() for t in back.values())),
+            }
+        return self._finish(stats)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state.get("steps", 0))
+
+
+def build_fgn(objective: Objective, data: DataBundle | None = None, **cfg: Any) -> FGN:
+    """Factory for the loop (``conf/optimizer/fgn.yaml``): ``build_fgn(objective, data, **cfg)``."""
+    del data  # FGN uses only the mini-batch it is given
+    return FGN(objective, **cfg)

@@ -1,0 +1,318 @@
+"""Gauss-Newton operators of the scaled residual map ``R(w; X) = (net(w; X) − Y)/√n``.
+
+SHF-LSMR needs, once per outer iteration and then many times inside LSMR, the Jacobian ``J = ∇R``
+applied forward (``J v``) and backward (``Jᵀ U``), plus two "per-example squared" reductions:
+Chapelle–Erhan's diagonal estimate (Algorithm 3) and the per-example gradient variance of the
+batch-size test (Algorithm 2). Two implementations share one interface:
+
+* :class:`MLPGaussNewton`: the paper's Algorithms 4/5, hand-written for an ``nn.Sequential`` of
+  ``nn.Linear`` layers with elementwise activations (sigmoid/tanh/relu/identity). The forward pass
+  caches ``S_ℓ`` and ``S'_ℓ`` once; each product is then two matmuls per layer, written straight
+  into a flat parameter-space buffer. The per-example reductions use
+  ``Σ_i (s̃_i f_iᵀ)² = (S̃²)ᵀ(F²)``, so per-example gradients are never materialised (for MNIST
+  they would be n × 2.84M numbers).
+* :class:`FuncGaussNewton`: any model, via ``Objective.linearize`` (``torch.func``); its
+  per-example reductions fall back to chunked ``vmap`` of per-example VJPs (memory chunk × P).
+
+Vectors in parameter space are flat, in ``flatten(objective.params())`` order; residual-space
+vectors are ``(n, m_out)`` matrices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, linearize, vjp, vmap
+
+from curvopt.objective import Objective, Params, flatten, unflatten
+
+_ACT_KINDS: dict[type[nn.Module], str] = {
+    nn.Sigmoid: "sigmoid",
+    nn.Tanh: "tanh",
+    nn.ReLU: "relu",
+    nn.Identity: "identity",
+}
+
+
+@dataclass
+class _Layer:
+    weight_key: str
+    bias_key: str | None
+    act: str  # sigmoid | tanh | relu | identity
+    w_slice: slice
+    b_slice: slice | None
+    shape: tuple[int, int]  # (out, in) as nn.Linear stores it
+
+
+def mlp_layers(model: nn.Module, params: Params) -> list[_Layer] | None:
+    """Layer plan of a hand-writable MLP, or ``None`` when the model is not one.
+
+    Accepted: ``nn.Sequential`` of ``nn.Linear`` modules, each followed by at most one of
+    Sigmoid/Tanh/ReLU/Identity, whose trainable parameters are exactly the Linear weights/biases.
+    """
+    if not isinstance(model, nn.Sequential):
+        return None
+    offsets: dict[str, slice] = {}
+    pos = 0
+    for name, t in params.items():
+        offsets[name] = slice(pos, pos + t.numel())
+        pos += t.numel()
+    layers: list[_Layer] = []
+    used: set[str] = set()
+    pending: _Layer | None = None
+    for name, module in model.named_children():
+        if isinstance(module, nn.Linear):
+            if pending is not None:
+                layers.append(pending)
+            wk, bk = f"{name}.weight", (f"{name}.bias" if module.bias is not None else None)
+            if wk not in offsets or (bk is not None and bk not in offsets):
+                return None
+            used.update(k for k in (wk, bk) if k is not None)
+            pending = _Layer(
+                wk, bk, "identity", offsets[wk], offsets[bk] if bk else None, tuple(module.weight.shape)
+            )
+        elif type(module) in _ACT_KINDS:
+            if pending is None or pending.act != "identity":
+                return None  # activation first, or two activations in a row
+            pending.act = _ACT_KINDS[type(module)]
+        else:
+            return None
+    if pending is not None:
+        layers.append(pending)
+    if not layers or used != set(params):
+        return None
+    return layers
+
+
+def supports_hand_written(objective: Objective) -> bool:
+    """True when :class:`MLPGaussNewton` applies (squared error on a plain MLP)."""
+    return (
+        objective.loss_kind == "squared_error" and mlp_layers(objective.model, objective.params()) is not None
+    )
+
+
+def _activate(z: Tensor, act: str) -> tuple[Tensor, Tensor | None]:
+    """In-place activation of ``z``; returns ``(S, S')`` with ``S' = None`` for identity."""
+    if act == "sigmoid":
+        s = torch.sigmoid_(z)
+        return s, s * (1 - s)
+    if act == "tanh":
+        s = torch.tanh_(z)
+        return s, 1 - s * s
+    if act == "relu":
+        s = torch.relu_(z)
+        return s, (s > 0).to(s.dtype)
+    return z, None
+
+
+class GaussNewtonBase:
+    """Interface shared by the hand-written and the ``torch.func`` operators."""
+
+    residual: Tensor  # R(w; X) = (out − Y)/√n, shape (n, m_out)
+    n: int
+    numel: int
+    scale: float  # 1/√n
+
+    def jvp(self, v: Tensor) -> Tensor:  # pragma: no cover - interface
+        """``J v`` for a flat parameter-space ``v``; shape ``(n, m_out)``."""
+        raise NotImplementedError
+
+    def vjp(self, u: Tensor) -> Tensor:  # pragma: no cover - interface
+        """``Jᵀ U`` for an ``(n, m_out)`` ``U``; flat."""
+        raise NotImplementedError
+
+    def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover
+        """``(Σ_i g_i, Σ_i g_i²)`` for ``g_i = J_iᵀ t_i``, ``J_i`` the *unscaled* Jacobian of
+        example i's output and ``t_i`` row i of ``top``. With ``top = out − Y`` these are the
+        per-example gradients of ``f_i = ½‖r_i‖²``; with Rademacher rows, Chapelle–Erhan's ``c_i``.
+        """
+        raise NotImplementedError
+
+    def gradient(self) -> Tensor:
+        """``∇f_S = Jᵀ R`` (the batch-mean loss gradient)."""
+        return self.vjp(self.residual)
+
+    def loss(self) -> float:
+        """``f(w; X) = ½ ‖R‖_F²``."""
+        return 0.5 * float((self.residual * self.residual).sum())
+
+    def gn_diag_estimate(self, generator: torch.Generator | None = None) -> Tensor:
+        """Unbiased estimate of ``diag(JᵀJ)`` from one Rademacher draw per example (Algorithm 3,
+        batched): ``(1/n) Σ_i (J_iᵀ u_i)²``."""
+        u = torch.randint(0, 2, self.residual.shape, generator=generator, device=self.residual.device).to(
+            self.residual.dtype
+        )
+        u.mul_(2).sub_(1)
+        _, sq = self.per_example_moments(u)
+        return sq / self.n
+
+    def batch_gradient_moments(self) -> tuple[Tensor, Tensor]:
+        """Per-example gradient sum and sum of squares at the cached point (``f_i = ½‖r_i‖²``)."""
+        return self.per_example_moments(self.residual / self.scale)
+
+
+class MLPGaussNewton(GaussNewtonBase):
+    """Cached forward + Algorithms 4/5 of the paper for a plain MLP with squared-error residual.
+
+    The cache holds ``S_ℓ`` (layer outputs) and ``S'_ℓ`` (activation derivatives) for the batch; it
+    is built once per outer iteration and reused by every LSMR product.
+    """
+
+    def __init__(self, objective: Objective, params: Params, x: Tensor, y: Tensor) -> None:
+        layers = mlp_layers(objective.model, params)
+        if layers is None or objective.loss_kind != "squared_error":
+            raise ValueError(
+                "MLPGaussNewton needs an nn.Sequential MLP of Linear+activation and squared error"
+            )
+        self.layers = layers
+        self.params = params
+        self.n = int(x.shape[0])
+        self.scale = 1.0 / math.sqrt(self.n)
+        self.numel = sum(t.numel() for t in params.values())
+        self.dtype, self.device = x.dtype, x.device
+        self.inputs: list[Tensor] = []  # S_{ℓ-1}, input of layer ℓ
+        self.derivs: list[Tensor | None] = []  # S'_ℓ
+        s = x.reshape(self.n, -1)
+        with torch.no_grad():
+            for layer in layers:
+                self.inputs.append(s)
+                w = params[layer.weight_key]
+                z = s @ w.t() if layer.bias_key is None else torch.addmm(params[layer.bias_key], s, w.t())
+                s, sp = _activate(z, layer.act)
+                self.derivs.append(sp)
+            self.output = s
+            self.residual = (s - y.reshape(self.n, -1)) * self.scale
+        self._inputs_sq: list[Tensor] | None = None
+
+    # Algorithm 4 (forward mode)
+    @torch.no_grad()
+    def jvp(self, v: Tensor) -> Tensor:
+        f: Tensor | None = None
+        for layer, s_in, sp in zip(self.layers, self.inputs, self.derivs):
+            dw = v[layer.w_slice].view(layer.shape)
+            if layer.b_slice is not None:
+                z = torch.addmm(v[layer.b_slice], s_in, dw.t())
+            else:
+                z = s_in @ dw.t()
+            if f is not None:
+                z.addmm_(f, self.params[layer.weight_key].t())
+            if sp is not None:
+                z.mul_(sp)
+            f = z
+        assert f is not None
+        return f.mul_(self.scale)
+
+    # Algorithm 5 (backward mode)
+    @torch.no_grad()
+    def vjp(self, u: Tensor) -> Tensor:
+        out = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        top = self.derivs[-1]
+        f = u * self.scale if top is None else torch.mul(u, top).mul_(self.scale)
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            torch.mm(f.t(), self.inputs[i], out=out[layer.w_slice].view(layer.shape))
+            if layer.b_slice is not None:
+                torch.sum(f, 0, out=out[layer.b_slice])
+            if i > 0:
+                f = f @ self.params[layer.weight_key]
+                sp = self.derivs[i - 1]
+                if sp is not None:
+                    f.mul_(sp)
+        return out
+
+    @torch.no_grad()
+    def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
+        if self._inputs_sq is None:
+            self._inputs_sq = [s * s for s in self.inputs]
+        total = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        sq = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        sp_top = self.derivs[-1]
+        f = top.reshape(self.n, -1)
+        f = f.clone() if sp_top is None else f * sp_top
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            f2 = f * f
+            torch.mm(f.t(), self.inputs[i], out=total[layer.w_slice].view(layer.shape))
+            torch.mm(f2.t(), self._inputs_sq[i], out=sq[layer.w_slice].view(layer.shape))
+            if layer.b_slice is not None:
+                torch.sum(f, 0, out=total[layer.b_slice])
+                torch.sum(f2, 0, out=sq[layer.b_slice])
+            if i > 0:
+                f = f @ self.params[layer.weight_key]
+                sp = self.derivs[i - 1]
+                if sp is not None:
+                    f.mul_(sp)
+        return total, sq
+
+
+class FuncGaussNewton(GaussNewtonBase):
+    """The same operator for any model through ``torch.func`` (as in ``Objective.linearize``).
+
+    The per-example reductions have no closed form for a generic model: they vmap per-example VJPs
+    over chunks of ``chunk_size`` examples, which holds ``chunk_size × P`` numbers at a time —
+    exact, but slower and hungrier than the MLP trick.
+    """
+
+    def __init__(
+        self, objective: Objective, params: Params, x: Tensor, y: Tensor, chunk_size: int = 32
+    ) -> None:
+        if objective.loss_kind != "squared_error":
+            raise ValueError("the residual map R = (out − Y)/√n needs loss kind squared_error")
+        self.objective = objective
+        self.params = params
+        self.x, self.y = x, y
+        self.n = int(x.shape[0])
+        self.scale = 1.0 / math.sqrt(self.n)
+        self.numel = sum(t.numel() for t in params.values())
+        self.chunk_size = chunk_size
+        # one forward with the VJP closure; the JVP (torch.func.linearize, a traced second forward)
+        # is built on the first J·v only, so the variance test at a new w pays a forward, not a trace
+        f = lambda p: functional_call(objective.model, p, (x,))
+        outputs, pullback = vjp(f, params)
+        self._pullback = pullback
+        self._linear = None
+        self.out_shape = outputs.shape
+        self.output = outputs.detach().reshape(self.n, -1)
+        self.residual = (self.output - y.reshape(self.n, -1)) * self.scale
+
+    def jvp(self, v: Tensor) -> Tensor:
+        if self._linear is None:
+            f = lambda p: functional_call(self.objective.model, p, (self.x,))
+            _, self._linear = linearize(f, self.params)
+        with torch.no_grad():
+            return self._linear(unflatten(v, self.params)).reshape(self.n, -1).mul(self.scale)
+
+    def vjp(self, u: Tensor) -> Tensor:
+        with torch.no_grad():
+            return flatten(self._pullback(u.reshape(self.out_shape) * self.scale)[0])
+
+    def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
+        model = self.objective.model
+        top = top.reshape(self.n, *self.out_shape[1:])
+
+        def one(p: Params, xi: Tensor, ti: Tensor) -> Params:
+            _, pull = vjp(lambda q: functional_call(model, q, (xi.unsqueeze(0),)), p)
+            return pull(ti.unsqueeze(0))[0]
+
+        total = torch.zeros(self.numel, dtype=self.output.dtype, device=self.output.device)
+        sq = torch.zeros_like(total)
+        with torch.no_grad():
+            for start in range(0, self.n, self.chunk_size):
+                sl = slice(start, start + self.chunk_size)
+                grads = vmap(one, in_dims=(None, 0, 0))(self.params, self.x[sl], top[sl])
+                flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], dim=1)
+                total += flat.sum(0)
+                sq += (flat * flat).sum(0)
+        return total, sq
+
+
+def residual_gauss_newton(
+    objective: Objective, params: Params, x: Tensor, y: Tensor, hand_written: bool = True
+) -> GaussNewtonBase:
+    """The hand-written operator when requested and applicable, else the ``torch.func`` one."""
+    if hand_written and mlp_layers(objective.model, params) is not None:
+        return MLPGaussNewton(objective, params, x, y)
+    return FuncGaussNewton(objective, params, x, y)

@@ -1,0 +1,489 @@
+"""SHF-LSMR: stochastic Hessian-free optimisation with LSMR inner solves (Emirahmetoglu & Stewart).
+
+One outer iteration (paper Algorithm 1; spec docs/shf.md and shared/specs/shf_lsmr.md §2):
+
+1. On a fresh random batch X of size n (drawn by the loop at :meth:`SHF.next_batch_size`), cache
+   the forward pass and build ``A = J = ∇R(w;X)``, ``b = −R`` with ``R = (net(w;X) − X)/√n``.
+2. Chapelle–Erhan's randomized diagonal preconditioner ``c = 1/(1 + sqrt(diag Ĝ))`` (Algorithm 3).
+3. LSMR (Algorithm 6) on ``min ‖A(c∘y) − b‖² + λ²‖y − y0‖²``, warm started at ``y0`` and stopped by
+   the validation merit ``φ(d) = f(w + d; X_val)``; the step is ``d = c∘y``.
+4. LM damping from ρ on the same batch, Armijo backtracking on the same batch, update.
+5. Warm start decay ``d ← γd``, ``γ ← min(1.002γ, 0.95)``.
+6. Validation loss, Byrd et al.'s variance test n̂ (Algorithm 2) at the new w on the old batch,
+   and the batch-size rule (n̂ average over 5, validation-stall growth ×1.005, n never shrinks,
+   capped at n_max); LSMR's maxiter scales with n.
+
+Per-dataset settings (paper Table 1) are listed in conf/optimizer/shf_lsmr.yaml.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from curvopt.curvature.lsmr import lsmr
+from curvopt.curvature.mlp_gn import GaussNewtonBase, residual_gauss_newton, supports_hand_written
+from curvopt.objective import Objective, Params, unflatten
+from curvopt.training.algorithm import Batch, DataBundle
+
+log = logging.getLogger(__name__)
+
+STEP_SPACES = ("scaled", "literal")
+WARM_STARTS = ("param", "y")
+PRECONDITIONERS = ("chapelle_erhan", "none")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def chapelle_erhan_precond(diag_estimate: Tensor, sqrt: bool = True) -> Tensor:
+    """The vector ``c`` of right preconditioning from an estimate of ``diag(JᵀJ)``.
+
+    ``sqrt=True`` (paper Algorithm 3, default): ``c = 1/(1 + sqrt(diag))``, i.e. one over one plus
+    the estimated column norm of J — the natural column scaling for LSMR. ``sqrt=False`` (Section
+    4.4's text): ``c = 1/(1 + diag)``.
+    """
+    d = diag_estimate.clamp_min(0)
+    return 1.0 / (1.0 + (d.sqrt() if sqrt else d))
+
+
+def variance_batch_size(
+    grad_sum: Tensor, grad_sq_sum: Tensor, n: int, num_train: int, theta: float, power: int = 1
+) -> tuple[int, float, float]:
+    """Algorithm 2 (BatchSize): ``(n̂, V, ‖g‖)`` from per-example gradient sums over the batch.
+
+    ``g = (1/n)Σ∇f_i``; ``V = ‖n/(n−1)[(1/n)Σ(∇f_i)² − g²]‖_1`` (sample variance, clamped at 0,
+    summed over all parameters); ``n̂ = ceil(N·V / (V + θ²(N−1)‖g‖^power))``. ``power=1`` is the
+    paper's literal (unsquared) norm, ``power=2`` Byrd et al.'s dimensionally consistent one.
+    """
+    if n < 2:
+        return n, 0.0, float(torch.linalg.vector_norm(grad_sum))
+    g = grad_sum / n
+    var = (grad_sq_sum / n - g * g).clamp_min_(0).mul_(n / (n - 1))
+    v = float(var.sum())
+    gnorm = float(torch.linalg.vector_norm(g))
+    denom = v + theta * theta * (num_train - 1) * gnorm**power
+    if denom <= 0 or not math.isfinite(denom):
+        return n, v, gnorm
+    return int(math.ceil(num_train * v / denom)), v, gnorm
+
+
+def next_batch_size_rule(
+    n: int,
+    maxiter: int,
+    nhat_window: list[int],
+    fval_lagged: float,
+    fval_now: float,
+    n_max: int,
+    stall_threshold: float = 0.005,
+    growth: float = 1.005,
+) -> tuple[int, int, str]:
+    """Algorithm 1's batch-size update (applied when i > 5): ``(n_next, maxiter_next, reason)``.
+
+    ``n̂_avg = ceil(mean of the last 5 n̂)``; if ``n̂_avg > n`` jump to it, else if the validation
+    loss fell by less than ``stall_threshold`` (relative, over 5 iterations) grow by ``growth``;
+    never shrink, cap at ``n_max``. ``maxiter ← ceil(n_next/n · maxiter)``. The ceilings are done
+    in exact integer/rational arithmetic (1.005·200 is 200.99999999999997 in floats).
+    """
+    navg = _ceil_div(sum(nhat_window), len(nhat_window))
+    r_rel = (fval_lagged - fval_now) / fval_now if fval_now != 0 else math.inf
+    if navg > n:
+        n_next, reason = min(navg, n_max), "variance"
+    elif r_rel < stall_threshold:
+        num, den = (growth).as_integer_ratio()
+        n_next, reason = min(_ceil_div(n * num, den), n_max), "stall"
+    else:
+        n_next, reason = n, "keep"
+    n_next = max(n_next, n)
+    maxiter_next = _ceil_div(n_next * maxiter, n)
+    return n_next, maxiter_next, reason
+
+
+class SHF:
+    """Stochastic Hessian-free optimisation with preconditioned LSMR (an ``Algorithm``)."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        data: DataBundle,
+        damping: float = 12.0,
+        drop: float = 0.98,
+        gamma: float = 0.7,
+        gamma_growth: float = 1.002,
+        gamma_max: float = 0.95,
+        maxiter: int = 150,
+        atol: float = 1e-8,
+        ftol: float = 1e-5,
+        miniter: int = 50,
+        recover: int = 100,
+        theta: float = 0.2,
+        armijo: float = 1e-4,
+        max_halvings: int = 60,
+        rho_low: float = 0.25,
+        rho_high: float = 0.75,
+        batch_size: int = 300,
+        max_batch_size: int = 6000,
+        stall_window: int = 5,
+        stall_threshold: float = 0.005,
+        batch_growth: float = 1.005,
+        preconditioner: str = "chapelle_erhan",
+        precon_sqrt: bool = True,
+        step_space: str = "scaled",
+        warm_start: str = "param",
+        return_best: bool = False,
+        variance_norm_power: int = 1,
+        use_hand_written_gn: bool = True,
+        merit: bool = True,
+        val_max_examples: int | None = None,
+        eval_chunk: int = 10000,
+        seed: int = 0,
+    ) -> None:
+        if step_space not in STEP_SPACES:
+            raise ValueError(f"step_space must be one of {STEP_SPACES}, got {step_space!r}")
+        if warm_start not in WARM_STARTS:
+            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {warm_start!r}")
+        if preconditioner not in PRECONDITIONERS:
+            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
+        if variance_norm_power not in (1, 2):
+            raise ValueError("variance_norm_power must be 1 (paper) or 2 (Byrd et al.)")
+        if objective.loss_kind != "squared_error":
+            raise ValueError("SHF-LSMR is a least-squares method: the model's loss must be squared_error")
+        if data.train is None:
+            raise ValueError("SHF needs an in-memory training split (its size N enters the variance test)")
+        self.objective = objective
+        self.num_train = data.num_train
+        self.val: tuple[Tensor, Tensor] | None = None
+        if data.val is not None:
+            xv, yv = data.val
+            if val_max_examples is not None:
+                xv, yv = xv[:val_max_examples], yv[:val_max_examples]
+            self.val = (xv, yv)
+        elif merit:
+            log.warning(
+                "SHF: no validation split; LSMR runs without the validation merit and the stall rule is off"
+            )
+        self.cfg = dict(
+            drop=drop,
+            gamma_growth=gamma_growth,
+            gamma_max=gamma_max,
+            atol=atol,
+            ftol=ftol,
+            miniter=miniter,
+            recover=recover,
+            theta=theta,
+            armijo=armijo,
+            max_halvings=max_halvings,
+            rho_low=rho_low,
+            rho_high=rho_high,
+            n_max=min(max_batch_size, self.num_train),
+            stall_window=stall_window,
+            stall_threshold=stall_threshold,
+            batch_growth=batch_growth,
+            preconditioner=preconditioner,
+            precon_sqrt=precon_sqrt,
+            step_space=step_space,
+            warm_start=warm_start,
+            return_best=return_best,
+            variance_norm_power=variance_norm_power,
+            merit=merit and self.val is not None,
+            eval_chunk=eval_chunk,
+        )
+        self.hand_written = bool(use_hand_written_gn) and supports_hand_written(objective)
+        if use_hand_written_gn and not self.hand_written:
+            log.info("SHF: model is not a plain MLP; using torch.func Gauss-Newton products")
+        # -- state (everything here is in state_dict) ------------------------------------------------
+        self.lam = float(damping)
+        self.gamma = float(gamma)
+        self.n = min(int(batch_size), self.cfg["n_max"])
+        self.maxiter = int(maxiter)
+        self.iteration = 0
+        self.warm_d: Tensor | None = None  # γ·(previous LSMR solution) in parameter space
+        self.warm_y: Tensor | None = None  # γ·(previous LSMR solution) in LSMR's variable
+        self.nhat_hist: list[int] = []
+        self.fval_hist: list[float] = []
+        self.fval_current: float | None = None  # f(w; X_val) at the current w, if known
+        p0 = next(iter(objective.params().values()))
+        self.generator = torch.Generator(device=p0.device).manual_seed(int(seed))
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def next_batch_size(self) -> int | None:
+        return self.n
+
+    def state_dict(self) -> dict[str, Any]:
+        clone = lambda t: None if t is None else t.detach().clone()  # noqa: E731
+        return {
+            "lam": self.lam,
+            "gamma": self.gamma,
+            "n": self.n,
+            "maxiter": self.maxiter,
+            "iteration": self.iteration,
+            "warm_d": clone(self.warm_d),
+            "warm_y": clone(self.warm_y),
+            "nhat_hist": list(self.nhat_hist),
+            "fval_hist": list(self.fval_hist),
+            "fval_current": self.fval_current,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lam = float(state["lam"])
+        self.gamma = float(state["gamma"])
+        self.n = int(state["n"])
+        self.maxiter = int(state["maxiter"])
+        self.iteration = int(state["iteration"])
+        device = next(iter(self.objective.params().values())).device
+        self.warm_d = None if state["warm_d"] is None else state["warm_d"].clone().to(device)
+        self.warm_y = None if state["warm_y"] is None else state["warm_y"].clone().to(device)
+        self.nhat_hist = list(state["nhat_hist"])
+        self.fval_hist = list(state["fval_hist"])
+        self.fval_current = state["fval_current"]
+        self.generator.set_state(
+            state["generator"].cpu() if hasattr(state["generator"], "cpu") else state["generator"]
+        )
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _trial(self, params: Params, d: Tensor, s: float = 1.0) -> Params:
+        dd = unflatten(d, params)
+        return {k: torch.add(v, dd[k], alpha=s) for k, v in params.items()}
+
+    @torch.no_grad()
+    def _loss(self, params: Params, x: Tensor, y: Tensor) -> float:
+        """Mean ½‖out − y‖² over the rows of x, in chunks (validation set)."""
+        chunk = self.cfg["eval_chunk"]
+        n = x.shape[0]
+        if n <= chunk:
+            return float(self.objective.loss(params, x, y))
+        total = 0.0
+        for i in range(0, n, chunk):
+            xb, yb = x[i : i + chunk], y[i : i + chunk]
+            total += float(self.objective.loss(params, xb, yb)) * xb.shape[0]
+        return total / n
+
+    def _val_loss(self, params: Params, d: Tensor | None = None) -> float:
+        assert self.val is not None
+        p = params if d is None else self._trial(params, d)
+        return self._loss(p, *self.val)
+
+    def _precond(self, gn: GaussNewtonBase) -> Tensor | None:
+        if self.cfg["preconditioner"] == "none":
+            return None
+        return chapelle_erhan_precond(gn.gn_diag_estimate(self.generator), self.cfg["precon_sqrt"])
+
+    # -- one outer iteration ---------------------------------------------------------------------
+    def step(self, batch: Batch) -> dict[str, Any]:  # noqa: C901 - the paper's Algorithm 1, in order
+        cfg = self.cfg
+        x, y = batch
+        n = int(x.shape[0])
+        self.iteration += 1
+        params = self.objective.params()
+        timers: dict[str, float] = {}
+        t = time.perf_counter()
+        gn = residual_gauss_newton(self.objective, params, x, y, self.hand_written)
+        f0 = gn.loss()
+        g = gn.gradient()
+        timers["setup_time"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        c = self._precond(gn)
+        timers["precond_time"] = time.perf_counter() - t
+
+        # LSMR on A·diag(c), warm start in its variable y
+        scaled = cfg["step_space"] == "scaled" and c is not None
+        if self.warm_d is None:
+            y0 = None
+        elif scaled and cfg["warm_start"] == "param":
+            y0 = self.warm_d / c
+        else:
+            y0 = self.warm_y
+        m = gn.residual.numel()
+        op = (
+            lambda v: gn.jvp(v).reshape(-1),
+            lambda u: gn.vjp(u.view(n, -1)),
+            (m, gn.numel),
+        )
+        b = -gn.residual.reshape(-1)
+        merit_time = [0.0]
+
+        def merit(yk: Tensor) -> float:
+            t_m = time.perf_counter()
+            value = self._val_loss(params, c * yk if scaled else yk)
+            merit_time[0] += time.perf_counter() - t_m
+            return value
+
+        t = time.perf_counter()
+        res = lsmr(
+            op,
+            b,
+            damp=self.lam,
+            atol=cfg["atol"],
+            btol=0.0,
+            conlim=0.0,
+            maxiter=self.maxiter,
+            x0=y0,
+            precond=c,
+            merit=merit if cfg["merit"] else None,
+            ftol=cfg["ftol"],
+            miniter=cfg["miniter"],
+            recover=cfg["recover"],
+            return_best=cfg["return_best"],
+        )
+        timers["lsmr_time"] = time.perf_counter() - t
+        timers["merit_time"] = merit_time[0]
+        ysol = res.x
+        d = c * ysol if scaled else ysol
+
+        # ρ on the same batch with the undamped GN model, then LM damping
+        t = time.perf_counter()
+        lam_used = self.lam
+        nonfinite = not bool(torch.isfinite(d).all())
+        gd = float(torch.dot(g, d)) if not nonfinite else math.nan
+        f1 = math.nan
+        pred = math.nan
+        if not nonfinite:
+            ad = gn.jvp(d)
+            pred = 0.5 * float((ad * ad).sum()) + gd
+            f1 = self._loss(self._trial(params, d), x, y)
+        if math.isfinite(f1) and math.isfinite(pred) and pred < 0:
+            rho = (f1 - f0) / pred
+        else:
+            rho = -math.inf
+        nonfinite = nonfinite or not math.isfinite(f1)
+        if rho < cfg["rho_low"]:
+            self.lam = self.lam / cfg["drop"]
+        elif rho > cfg["rho_high"]:
+            self.lam = self.lam * cfg["drop"]
+        lam_raised = self.lam > lam_used
+
+        # Armijo backtracking on the batch (cap on halvings; non-descent or non-finite rejects)
+        s, evals, accepted = 1.0, 1, False
+        if not nonfinite and gd < 0:
+            f_s = f1
+            for _ in range(cfg["max_halvings"] + 1):
+                if not math.isfinite(f_s):
+                    nonfinite = True
+                    break
+                if f_s <= f0 + cfg["armijo"] * s * gd:
+                    accepted = True
+                    break
+                s *= 0.5
+                if s < 0.5 ** cfg["max_halvings"]:
+                    break
+                f_s = self._loss(self._trial(params, d, s), x, y)
+                evals += 1
+        if not accepted:
+            s = 0.0
+            if nonfinite and not lam_raised:
+                self.lam = self.lam / cfg["drop"]
+            if nonfinite:
+                log.warning(
+                    "SHF iteration %d: non-finite value; step rejected, λ → %.4g", self.iteration, self.lam
+                )
+        new_params = self._trial(params, d, s) if accepted else params
+        if accepted:
+            self.objective.set_params(new_params)
+            new_params = self.objective.params()
+        timers["line_search_time"] = time.perf_counter() - t
+
+        # warm start for the next solve: the LSMR solution (not s·d), decayed
+        if torch.isfinite(ysol).all():
+            self.warm_d = d.mul(self.gamma)
+            self.warm_y = ysol.mul(self.gamma)
+        else:
+            self.warm_d = self.warm_y = None
+        gamma_used = self.gamma
+        self.gamma = min(cfg["gamma_growth"] * self.gamma, cfg["gamma_max"])
+
+        # validation loss and the variance test at the new w on the old batch
+        t = time.perf_counter()
+        if self.val is not None:
+            if accepted or self.fval_current is None:
+                self.fval_current = self._val_loss(new_params)
+            self.fval_hist.append(self.fval_current)
+        timers["val_time"] = time.perf_counter() - t
+        t = time.perf_counter()
+        gn_new = (
+            residual_gauss_newton(self.objective, new_params, x, y, self.hand_written) if accepted else gn
+        )
+        gsum, gsq = gn_new.batch_gradient_moments()
+        nhat1, v_sum, gnorm = variance_batch_size(gsum, gsq, n, self.num_train, cfg["theta"], 1)
+        nhat2, _, _ = variance_batch_size(gsum, gsq, n, self.num_train, cfg["theta"], 2)
+        nhat = nhat1 if cfg["variance_norm_power"] == 1 else nhat2
+        self.nhat_hist.append(nhat)
+        timers["variance_time"] = time.perf_counter() - t
+
+        n_used, maxiter_used = self.n, self.maxiter
+        reason = "warmup"
+        w = cfg["stall_window"]
+        if self.iteration > w:
+            window = self.nhat_hist[-w:]
+            if len(self.fval_hist) > w:
+                lagged, now = self.fval_hist[-w - 1], self.fval_hist[-1]
+            else:  # no validation split: the stall rule never fires
+                lagged, now = math.inf, 1.0
+            self.n, self.maxiter, reason = next_batch_size_rule(
+                self.n,
+                self.maxiter,
+                window,
+                lagged,
+                now,
+                cfg["n_max"],
+                cfg["stall_threshold"],
+                cfg["batch_growth"],
+            )
+        self.nhat_hist = self.nhat_hist[-w:]
+        self.fval_hist = self.fval_hist[-(w + 1) :]
+
+        out: dict[str, Any] = {
+            "loss": f0,
+            "batch_size": n,
+            "damping": lam_used,
+            "damping_next": self.lam,
+            "inner_iters": res.itn,
+            "inner_stop": res.stop_reason,
+            "lsmr_normr": res.normr,
+            "lsmr_normar": res.normar,
+            "merit_evals": len(res.merit_history),
+            "merit_best_itn": res.best_itn if res.best_itn is not None else -1,
+            "step_length": s,
+            "rho": rho,
+            "pred_reduction": pred,
+            "loss_trial": f1,
+            "line_search_evals": evals,
+            "rejected": not accepted,
+            "nonfinite": nonfinite,
+            "grad_norm": float(torch.linalg.vector_norm(g)),
+            "n_hat": nhat1,
+            "n_hat_sq": nhat2,
+            "variance": v_sum,
+            "grad_norm_new": gnorm,
+            "batch_rule": reason,
+            "next_batch_size": self.n,
+            "gamma": gamma_used,
+            "maxiter": maxiter_used,
+            "maxiter_next": self.maxiter,
+            "batch_size_requested": n_used,
+        }
+        if self.fval_current is not None:
+            out["f_val"] = self.fval_current
+        out.update(timers)
+        return out
+
+
+def build_shf(objective: Objective, data: DataBundle, **cfg: Any) -> SHF:
+    """Factory for the loop (``_target_: curvopt.optim.shf.build_shf``); see :class:`SHF`."""
+    return SHF(objective, data, **cfg)
+
+
+__all__ = [
+    "SHF",
+    "build_shf",
+    "chapelle_erhan_precond",
+    "variance_batch_size",
+    "next_batch_size_rule",
+]

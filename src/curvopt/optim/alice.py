@@ -1,0 +1,428 @@
+"""Alice and Alice-0 (Gong et al., Algorithms 2–4 and 10; spec §5).
+
+Alice is a low-rank Eigen-Adam: Adam run in the rotated space of the leading eigenvectors ``U`` of
+``E[G Gᵀ]``, made cheap and made to work at low rank by three steps (spec §5.1):
+
+1. **tracking** — keep only the projected covariance ``Q̃ = EMA_β3(σ σᵀ)`` (r×r, ``σ = UᵀG``) and
+   reconstruct ``Q ≈ U Q̃ Uᵀ`` when the basis is refreshed (every ``K`` steps);
+2. **switching** (Alg. 2) — at a refresh, one subspace-iteration step with Rayleigh–Ritz (Alg. 10)
+   gives the new leading basis ``U'``; keep its top ``l`` columns and fill the other ``r − l`` with
+   directions sampled uniformly from the orthonormal complement of ``U'``, so the basis cannot get
+   stuck in the old leading subspace (Prop. 4);
+3. **optimal compensation** (Alg. 3, Thm 5.1) — the discarded part of the full-rank step is
+   approximated by column-scaling the residual ``G − UUᵀG`` with ``√(m−r)/√p``, ``p`` = EMA (β1)
+   of the per-column squared residual norms, under Fira's norm-growth limiter.
+
+The step is ``W ← W − λ α (U ω + α_c Δ_c)`` with ``ω = m/(√v + ε)`` (no bias correction).
+**Alice-0** is ``beta3 = 0``: no ``Q̃`` is stored and the refresh uses ``G Gᵀ`` alone.
+
+Choices the paper leaves open ([DECIDE], spec §10), each a constructor flag:
+
+* ``init="evd"``: at t = 1 (``U_0 = 0``) the exact top-r eigenvectors of ``G₁G₁ᵀ``, then Switch;
+* ``reproject_qtilde=True``: at a switch re-express ``Q̃`` in the new basis, ``Q̃ ← R Q̃ Rᵀ`` with
+  ``R = UᵀU_old`` (``False`` = Alg. 4 literally, keeps it in the old coordinates);
+* ``moments_on_switch="keep"`` (GaLore behaviour) or ``"reset"`` for ``m``, ``v`` at a switch;
+* ``eps=1e-8`` in ``ω`` and in ``1/√p``; ``bias_correction=False`` (literal);
+* ``project_side="smaller"``: ``U`` spans the smaller side of the weight (gate/up/lm_head are
+  transposed), the paper's ``m ≤ n``; ``"rows"`` always projects the output side;
+* ``switch``: ``"complement"`` (Alg. 2) or the Fig. 5b ablations ``"none"`` (top-r of the
+  Rayleigh–Ritz basis), ``"gaussian"``, ``"gaussian_mix"``, ``"full_basis"``;
+* ``compensation``: ``"optimal"`` (Alg. 3) or the Fig. 5c ablations ``"none"``, ``"fira"``,
+  ``"fira_plus"``;
+* ``fused_compensation=True`` forms the update as ``U(ω − c σD) + c G D`` and the norm of the
+  compensation from ``‖g_j‖² − ‖σ_j‖²``, i.e. without materialising the residual — algebraically the
+  same as Alg. 3 for orthonormal ``U``; the non-orthonormal Gaussian ablations always use the
+  explicit residual;
+* the complement draw uses a generator seeded by ``(seed, param index, switch count)`` stored in
+  the state, so a resumed run samples the same directions on any device.
+
+Degenerate shapes: with ``r ≥ min(m, n)`` the projection is full rank (``U`` is the complete
+eigenbasis, no switching, zero compensation); if the complement has fewer than ``r − l``
+directions all of them are used and the remaining slots keep the next leading vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from curvopt.optim.racs import MatrixOptimizer, compute_dtype, limiter_eta
+
+SWITCH_MODES = ("complement", "none", "gaussian", "gaussian_mix", "full_basis")
+COMPENSATION_MODES = ("optimal", "none", "fira", "fira_plus")
+SEED_STRIDE = 1_000_003
+
+
+# ----------------------------------------------------------------------------- linear algebra
+
+
+def canonical_signs(U: Tensor) -> Tensor:
+    """Flip each column so that its largest-magnitude entry is positive.
+
+    Eigenvectors are defined up to sign, and the complement basis from a QR depends on those
+    signs; fixing them makes a switch reproducible across LAPACK builds and devices (and lets the
+    NumPy reference in the tests follow the same path).
+    """
+    idx = U.abs().argmax(dim=0, keepdim=True)
+    sign = torch.sign(torch.gather(U, 0, idx))
+    sign[sign == 0] = 1
+    return U * sign
+
+
+def top_eigvecs(A: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-``k`` eigenpairs of a symmetric matrix, eigenvalues descending, canonical signs."""
+    evals, evecs = torch.linalg.eigh(0.5 * (A + A.T))
+    order = torch.argsort(evals, descending=True)[:k]
+    return evals[order], canonical_signs(evecs[:, order])
+
+
+def subspace_iteration(
+    matvec: Callable[[Tensor], Tensor], U0: Tensor, steps: int = 1
+) -> tuple[Tensor, Tensor]:
+    """Alg. 10 with the Rayleigh–Ritz back-mapping (spec §10.11): ``steps`` of ``U ← QR(A U)``,
+    then ``U · eigvecs(Uᵀ A U)`` sorted by descending eigenvalue. Returns ``(U, eigenvalues)``."""
+    U = U0
+    for _ in range(steps):
+        U, _ = torch.linalg.qr(matvec(U))
+    V = U.T @ matvec(U)
+    evals, evecs = torch.linalg.eigh(0.5 * (V + V.T))
+    order = torch.argsort(evals, descending=True)
+    return canonical_signs(U @ evecs[:, order]), evals[order]
+
+
+def complement_basis(U: Tensor) -> Tensor:
+    """Orthonormal basis of the orthogonal complement of ``span(U)`` (m×(m−r)): the last columns
+    of the complete QR of ``U`` (the paper's ``QR(U)``)."""
+    m, r = U.shape
+    Qfull, _ = torch.linalg.qr(U, mode="complete")
+    return Qfull[:, r:]
+
+
+def switch_generator(seed: int, n_switch: int) -> torch.Generator:
+    """CPU generator for the ``n_switch``-th switch of the matrix with seed ``seed``."""
+    return torch.Generator(device="cpu").manual_seed((int(seed) * SEED_STRIDE + int(n_switch)) % (2**63 - 1))
+
+
+def sample_indices(gen: torch.Generator, population: int, k: int) -> Tensor:
+    """``k`` indices drawn uniformly without replacement from ``range(population)`` (CPU)."""
+    return torch.randperm(population, generator=gen)[:k]
+
+
+def _unit_gaussian(m: int, k: int, gen: torch.Generator, like: Tensor) -> Tensor:
+    X = torch.randn(m, k, generator=gen, dtype=torch.float64).to(device=like.device, dtype=like.dtype)
+    return X / torch.linalg.vector_norm(X, dim=0, keepdim=True).clamp_min(1e-30)
+
+
+def switch_basis(Up: Tensor, r: int, lead: int, gen: torch.Generator, mode: str = "complement") -> Tensor:
+    """Alg. 2 (``mode="complement"``) and the Fig. 5b variants, from the new leading basis ``Up``
+    (m×r, columns sorted by eigenvalue). Returns the m×r projection."""
+    m = Up.shape[0]
+    if mode == "none" or r >= m:
+        return Up
+    if mode == "gaussian":
+        return _unit_gaussian(m, r, gen, Up)
+    lead = min(lead, r)
+    if mode == "gaussian_mix":
+        return torch.cat([Up[:, :lead], _unit_gaussian(m, r - lead, gen, Up)], dim=1)
+    Uc = complement_basis(Up)  # m×(m−r)
+    if mode == "full_basis":
+        # r−l directions from the m−l non-leading ones: Up[:, l:] ∪ complement
+        candidates = torch.cat([Up[:, lead:], Uc], dim=1)
+        idx = sample_indices(gen, m - lead, r - lead).to(Up.device)
+        return torch.cat([Up[:, :lead], candidates[:, idx]], dim=1)
+    if mode != "complement":
+        raise ValueError(f"unknown switch mode {mode!r}; choose one of {SWITCH_MODES}")
+    k = min(r - lead, m - r)  # complement directions actually available
+    keep = r - k
+    idx = sample_indices(gen, m - r, k).to(Up.device)
+    return torch.cat([Up[:, :keep], Uc[:, idx]], dim=1)
+
+
+def compensation_explicit(G: Tensor, U: Tensor, p: Tensor, eps: float) -> Tensor:
+    """Alg. 3's ``√(m−r) (G − UUᵀG) Diag(p)^{-1/2}`` formed explicitly (reference path)."""
+    m, r = U.shape
+    R = G - U @ (U.T @ G)
+    return math.sqrt(max(m - r, 0)) * R / (p.sqrt() + eps)[None, :]
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+class Alice(MatrixOptimizer):
+    """Alice (Algorithm 4); ``beta3=0`` gives Alice-0. See the module docstring for all flags.
+
+    Args:
+        lr: scheduled learning rate λ (Table 11: 0.02).
+        alpha: update scale α (0.3; 0.25 at 1.3B). alpha_c: compensation scale α_c (0.4; 0.2).
+        betas: ``(β1, β2, β3)`` = (0.9, 0.9, 0.999). β1 also decays the compensation norm ``p``.
+        rank: r (128 at 60M, 256 at 130M/350M, 512 at 1.3B). leading: l (40; 160 at 1.3B).
+        update_interval: K (200). Refreshes at t = 1 and every t ≡ 0 (mod K).
+        gamma: limiter threshold (1.01). seed: base seed of the switch draws.
+
+    State per matrix (oriented so that ``m ≤ n``): ``U`` (m×r), ``Qt`` (r×r, omitted for
+    Alice-0, stored in ``qtilde_dtype``), ``exp_avg``/``exp_avg_sq`` (r×n), ``p`` (n), ``phi``,
+    ``step``, ``seed``, ``n_switch``.
+    """
+
+    method_name = "alice"
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.02,
+        alpha: float = 0.3,
+        alpha_c: float = 0.4,
+        betas: tuple[float, float, float] = (0.9, 0.9, 0.999),
+        rank: int = 128,
+        leading: int = 40,
+        update_interval: int = 200,
+        gamma: float = 1.01,
+        eps: float = 1e-8,
+        bias_correction: bool = False,
+        switch: str = "complement",
+        compensation: str = "optimal",
+        reproject_qtilde: bool = True,
+        moments_on_switch: str = "keep",
+        init: str = "evd",
+        project_side: str = "smaller",
+        subspace_steps: int = 1,
+        fused_compensation: bool = True,
+        seed: int = 0,
+        qtilde_dtype: str | torch.dtype | None = "float32",
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        state_dtype: str | torch.dtype | None = None,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "alpha": alpha,
+            "alpha_c": alpha_c,
+            "betas": tuple(betas),
+            "rank": rank,
+            "leading": leading,
+            "update_interval": update_interval,
+            "gamma": gamma,
+            "eps": eps,
+            "bias_correction": bias_correction,
+            "switch": switch,
+            "compensation": compensation,
+            "reproject_qtilde": reproject_qtilde,
+            "moments_on_switch": moments_on_switch,
+            "init": init,
+            "project_side": project_side,
+            "subspace_steps": subspace_steps,
+            "fused_compensation": fused_compensation,
+            "seed": seed,
+            "qtilde_dtype": qtilde_dtype,
+            "adam_betas": tuple(adam_betas),
+            "adam_eps": adam_eps,
+            "weight_decay": weight_decay,
+            "state_dtype": state_dtype,
+        }
+        super().__init__(params, defaults)
+        self._index: dict[int, int] = {}
+        self._reindex()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_index"):
+            self._reindex()
+
+    def _reindex(self) -> None:
+        i = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._index[id(p)] = i
+                i += 1
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        from curvopt.optim.racs import as_dtype
+
+        b = group["betas"]
+        if len(b) != 3 or not all(0.0 <= x < 1.0 for x in b):
+            raise ValueError(f"betas must be three numbers in [0, 1), got {b}")
+        if int(group["rank"]) < 1:
+            raise ValueError(f"rank must be >= 1, got {group['rank']}")
+        if not 0 <= int(group["leading"]):
+            raise ValueError(f"leading must be >= 0, got {group['leading']}")
+        if int(group["update_interval"]) < 1:
+            raise ValueError(f"update_interval must be >= 1, got {group['update_interval']}")
+        if group["switch"] not in SWITCH_MODES:
+            raise ValueError(f"switch must be one of {SWITCH_MODES}, got {group['switch']!r}")
+        if group["compensation"] not in COMPENSATION_MODES:
+            raise ValueError(
+                f"compensation must be one of {COMPENSATION_MODES}, got {group['compensation']!r}"
+            )
+        if group["moments_on_switch"] not in ("keep", "reset"):
+            raise ValueError(f"moments_on_switch must be keep|reset, got {group['moments_on_switch']!r}")
+        if group["init"] not in ("evd",):
+            raise ValueError(f"init must be 'evd', got {group['init']!r}")
+        if group["project_side"] not in ("smaller", "rows"):
+            raise ValueError(f"project_side must be smaller|rows, got {group['project_side']!r}")
+        group["qtilde_dtype"] = as_dtype(group["qtilde_dtype"])
+
+    # ------------------------------------------------------------------ shapes
+
+    @staticmethod
+    def oriented_shape(shape: tuple[int, int], project_side: str = "smaller") -> tuple[int, int, bool]:
+        """``(m, n, transposed)``: the projected side ``m`` (U is m×r) and the other side ``n``."""
+        rows, cols = shape
+        transposed = project_side == "smaller" and rows > cols
+        return (cols, rows, True) if transposed else (rows, cols, False)
+
+    @staticmethod
+    def state_numel(
+        shape: tuple[int, int],
+        rank: int = 128,
+        betas: tuple[float, ...] = (0.9, 0.9, 0.999),
+        project_side: str = "smaller",
+        **_: Any,
+    ) -> dict[str, int]:
+        """Elements of each state tensor for a weight of ``shape`` (Table 6: mr + 2nr + n + r²)."""
+        m, n, _t = Alice.oriented_shape(shape, project_side)
+        r = min(int(rank), m)
+        out = {"U": m * r, "exp_avg": r * n, "exp_avg_sq": r * n, "p": n, "phi": 1}
+        if betas[2] > 0:
+            out["Qt"] = r * r
+        return out
+
+    # ------------------------------------------------------------------ step
+
+    def _matrix_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        cdt = compute_dtype(p)
+        m, n, transposed = self.oriented_shape(tuple(p.shape), group["project_side"])
+        r = min(int(group["rank"]), m)
+        lead = min(int(group["leading"]), r)
+        b1, b2, b3 = group["betas"]
+        K = int(group["update_interval"])
+        eps = group["eps"]
+        G = grad.T.to(cdt) if transposed else grad.to(cdt)
+
+        if not state:
+            sd = self._state_dtype(p, group)
+            state["step"] = 0
+            state["seed"] = int(group["seed"]) * SEED_STRIDE + self._index.get(id(p), 0)
+            state["n_switch"] = 0
+            state["U"] = torch.zeros(m, r, dtype=sd, device=p.device)
+            if b3 > 0:
+                state["Qt"] = torch.zeros(r, r, dtype=group["qtilde_dtype"] or sd, device=p.device)
+            state["exp_avg"] = torch.zeros(r, n, dtype=sd, device=p.device)
+            state["exp_avg_sq"] = torch.zeros(r, n, dtype=sd, device=p.device)
+            state["p"] = torch.zeros(n, dtype=sd, device=p.device)
+            state["phi"] = torch.zeros(
+                (), dtype=torch.float32 if cdt != torch.float64 else cdt, device=p.device
+            )
+        state["step"] += 1
+        t = state["step"]
+        Qt = state["Qt"].to(cdt) if "Qt" in state else None
+
+        if t == 1 or t % K == 0:
+            U_old = state["U"].to(cdt)
+            if t == 1:
+                # U_0 = 0 cannot seed a subspace iteration: exact EVD of Q_1 = (1−β3) G Gᵀ (§10.9)
+                Up = top_eigvecs(G @ G.T, r)[1]
+            else:
+
+                def matvec(X: Tensor) -> Tensor:
+                    out = (G @ (G.T @ X)).mul_(1 - b3)
+                    if Qt is not None and b3 > 0:
+                        out.add_(U_old @ (Qt @ (U_old.T @ X)), alpha=b3)
+                    return out
+
+                Up = subspace_iteration(matvec, U_old, int(group["subspace_steps"]))[0]
+            gen = switch_generator(state["seed"], state["n_switch"])
+            U = switch_basis(Up, r, lead, gen, group["switch"])
+            state["n_switch"] += 1
+            if Qt is not None and t > 1 and group["reproject_qtilde"]:
+                R = U.T @ U_old
+                Qt = R @ Qt @ R.T
+            if t > 1 and group["moments_on_switch"] == "reset":
+                state["exp_avg"].zero_()
+                state["exp_avg_sq"].zero_()
+            state["U"].copy_(U)
+        else:
+            U = state["U"].to(cdt)
+
+        sigma = U.T @ G  # r×n
+        if Qt is not None:
+            Qt.mul_(b3).add_(sigma @ sigma.T, alpha=1 - b3)
+            state["Qt"].copy_(Qt)
+        m1 = state["exp_avg"].to(cdt).mul_(b1).add_(sigma, alpha=1 - b1)
+        v = state["exp_avg_sq"].to(cdt).mul_(b2).addcmul_(sigma, sigma, value=1 - b2)
+        state["exp_avg"].copy_(m1)
+        state["exp_avg_sq"].copy_(v)
+        if group["bias_correction"]:
+            omega = (m1 / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt_().add_(eps))
+        else:
+            omega = m1 / v.sqrt().add_(eps)
+
+        upd = self._with_compensation(G, U, sigma, omega, state, group, m, r, b1, eps)
+        scale = -group["lr"] * group["alpha"]
+        upd = upd.T if transposed else upd
+        p.add_(upd.to(p.dtype) if p.dtype != upd.dtype else upd, alpha=scale)
+
+    def _with_compensation(
+        self,
+        G: Tensor,
+        U: Tensor,
+        sigma: Tensor,
+        omega: Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        m: int,
+        r: int,
+        b1: float,
+        eps: float,
+    ) -> Tensor:
+        """``U ω + α_c Δ_c`` (the bracket of Alg. 4 line 17) for the chosen compensation."""
+        mode = group["compensation"]
+        gamma, alpha_c = group["gamma"], group["alpha_c"]
+        phi = state["phi"]
+        if mode == "none" or m == r:
+            return U @ omega
+        if mode == "optimal":
+            col_g2 = torch.linalg.vector_norm(G, dim=0).square_()
+            res_sq = (col_g2 - sigma.square().sum(0)).clamp_min_(0)  # ‖g_j‖² − ‖Uᵀg_j‖² (§10.18)
+            pvec = state["p"].to(G.dtype).mul_(b1).add_(res_sq, alpha=1 - b1)
+            state["p"].copy_(pvec)
+            d = pvec.sqrt().add_(eps).reciprocal_()  # Diag(p)^{-1/2}
+            root = math.sqrt(m - r)
+            orthonormal = group["switch"] not in ("gaussian", "gaussian_mix")
+            if group["fused_compensation"] and orthonormal:
+                c_norm = root * torch.sqrt((res_sq * d.square()).sum())  # ‖√(m−r) R D‖_F, R ⟂ U
+                eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
+                phi.copy_(eta * c_norm)
+                coef = (alpha_c * root) * eta.to(G.dtype)
+                Gd = G * (coef * d)[None, :]
+                inner = omega - sigma * (coef * d)[None, :]
+                return torch.addmm(Gd, U, inner)  # U(ω − c σ D) + c G D = Uω + c (G − Uσ) D
+            C = root * (G - U @ sigma) * d[None, :]
+            c_norm = torch.linalg.vector_norm(C)
+            eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
+            phi.copy_(eta * c_norm)
+            return U @ omega + C.mul_(alpha_c * eta.to(G.dtype))
+        # Fira-style compensations (Fig. 5c): per column φ_j = ‖ω_j‖ / ‖σ_j‖ on the residual
+        R = G - U @ sigma
+        scale = torch.linalg.vector_norm(omega, dim=0) / (torch.linalg.vector_norm(sigma, dim=0) + 1e-8)
+        C = R * scale[None, :]
+        c_norm = torch.linalg.vector_norm(C)
+        low = U @ omega
+        if mode == "fira":
+            # Fira's rule: limiter on C, added at scale λ (not λα): bracket = Uω + C/α
+            eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
+            phi.copy_(eta * c_norm)
+            return low + C.mul_(eta.to(G.dtype) / group["alpha"])
+        # fira_plus: Fira's compensation rescaled to ‖Uω‖, times α_c
+        target = torch.linalg.vector_norm(low)
+        return low + C.mul_(alpha_c * target / c_norm.clamp_min(1e-30))
+
+
+def alice0(params: Iterable[Any], **kwargs: Any) -> Alice:
+    """Alice-0: Alice without tracking (β3 = 0)."""
+    b1, b2, _ = kwargs.pop("betas", (0.9, 0.9, 0.0))
+    return Alice(params, betas=(b1, b2, 0.0), **kwargs)

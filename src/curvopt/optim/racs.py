@@ -1,0 +1,295 @@
+"""RACS — Row-And-Column-Scaled SGD (Gong et al., Algorithm 1; spec §3).
+
+RACS fits the structured Fisher ``S ⊗ Q`` (both positive diagonal) to ``E[g gᵀ]``. The optimum
+(Prop. 3) is the principal singular-vector pair of ``P = E[G ⊙ G]``, reached by the fixed point
+``s = Pᵀq / ‖q‖²``, ``q = P s / ‖s‖²`` — a power iteration. The step is then the square-root NGD
+direction ``Q^{-1/2} G S^{-1/2}``: every entry of ``G`` divided by ``√(q_i s_j)``, so when ``G⊙G`` is
+near rank one the entries are ≈ ±1 (Adam-like) at the cost of only ``m + n + 1`` floats of state.
+
+What the paper fixes (and this file follows literally):
+
+* 5 fixed-point iterations per step on the 1-sample estimate ``P = G_t ⊙ G_t``, ``q`` started at 1
+  every step (``warm_start=False``; spec §10.8 — ``True`` starts from the previous EMA of q);
+* EMAs of ``s`` and ``q`` with ``β`` from zero, **no bias correction** (the first update is ≈10×
+  the steady-state size; it falls in warmup, where the lr is ≈ 0);
+* Fira's norm-growth limiter on the scaled gradient (``γ = 1.01``, Frobenius norm);
+* a scale ``α`` on top of the scheduled lr, no momentum;
+* only on 2-D matrices: embeddings, norms and (by default) ``lm_head`` use Adam.
+
+This module also holds :class:`MatrixOptimizer`, the base shared with Alice: one
+``torch.optim.Optimizer`` whose groups either run the matrix method or, with ``adam=True``, plain
+bias-corrected Adam (GaLore's one-optimizer convention, spec §10.5). Non-2-D parameters in a
+method group are rejected with a message — never silently reshaped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def as_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value not in _DTYPES:
+        raise ValueError(f"unknown dtype {value!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[value]
+
+
+def compute_dtype(param: Tensor) -> torch.dtype:
+    """Matrix algebra (QR, EVD, fixed point) runs in fp32 for bf16/fp16/fp32 params (``torch.linalg``
+    has no bf16), and in fp64 for fp64 params (the dense reference tests)."""
+    return torch.float64 if param.dtype == torch.float64 else torch.float32
+
+
+def limiter_eta(norm: Tensor, phi: Tensor, gamma: float) -> Tensor:
+    """Fira's norm-growth limiter: ``η = γ / max(‖X‖/φ, γ)`` when a previous norm ``φ > 0`` exists,
+    else 1. Kept on-device (no host sync). ``φ = 0`` happens only before the first update or after
+    an all-zero gradient; the literal formula would then give η = 0, we take η = 1."""
+    ratio = norm / phi.clamp_min(torch.finfo(phi.dtype).tiny)
+    eta = gamma / torch.clamp(ratio, min=gamma)
+    return torch.where(phi > 0, eta, torch.ones_like(eta))
+
+
+class MatrixOptimizer(torch.optim.Optimizer):
+    """Base for optimizers that act on 2-D weight matrices, with an Adam fallback group.
+
+    A parameter group with ``adam=True`` gets Adam (bias-corrected, ``adam_betas``, ``adam_eps``);
+    any other group runs :meth:`_matrix_update` on each of its (2-D) parameters. ``weight_decay``
+    is decoupled (``p ← p − lr·wd·p``) and 0 by default (the paper uses none).
+    """
+
+    method_name = "matrix"
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        defaults = {
+            "adam": False,
+            "adam_betas": (0.9, 0.999),
+            "adam_eps": 1e-8,
+            "weight_decay": 0.0,
+            "state_dtype": None,
+            **defaults,
+        }
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if group["lr"] < 0:
+            raise ValueError(f"learning rate must be non-negative, got {group['lr']}")
+        group["state_dtype"] = as_dtype(group.get("state_dtype"))
+        if not group["adam"]:
+            for p in group["params"]:
+                if p.dim() != 2:
+                    raise ValueError(
+                        f"{type(self).__name__} applies only to 2-D weight matrices, got a parameter of shape "
+                        f"{tuple(p.shape)}. Put 1-D (norms, biases) and >2-D parameters in a group with "
+                        "adam=True (curvopt.optim.grouping.build_grouped does this); they are never reshaped."
+                    )
+            self._validate_group(group)
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        """Check the method's hyperparameters (subclasses)."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict`` casts every floating state tensor to its
+        parameter's dtype; keep the dtypes that were saved instead (Alice's fp32 ``Q̃`` and the fp32
+        limiter norms of bf16 parameters), so a resumed run takes exactly the same next step."""
+        saved = {
+            pid: {k: v for k, v in st.items() if isinstance(v, Tensor)}
+            for pid, st in state_dict["state"].items()
+        }
+        super().load_state_dict(state_dict)
+        ids = [pid for g in state_dict["param_groups"] for pid in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(ids, params):
+            if pid not in saved or p not in self.state:
+                continue
+            st = self.state[p]
+            for key, value in saved[pid].items():
+                if isinstance(st.get(key), Tensor) and st[key].dtype != value.dtype:
+                    st[key] = value.to(device=p.device, copy=True)  # the saved values, not a round trip
+
+    def _state_dtype(self, p: Tensor, group: dict[str, Any]) -> torch.dtype:
+        """Dtype of the stored state: the parameter's (the paper keeps BF16 states) unless
+        ``state_dtype`` is set."""
+        return group["state_dtype"] or p.dtype
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                if group["weight_decay"] != 0:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                if group["adam"]:
+                    self._adam_update(p, p.grad, self.state[p], group)
+                else:
+                    self._matrix_update(p, p.grad, self.state[p], group)
+        return loss
+
+    def _adam_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        b1, b2 = group["adam_betas"]
+        if not state:
+            sd = self._state_dtype(p, group)
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, dtype=sd)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=sd)
+        state["step"] += 1
+        t = state["step"]
+        cdt = compute_dtype(p)
+        g = grad.to(cdt)
+        m = state["exp_avg"].to(cdt).mul_(b1).add_(g, alpha=1 - b1)
+        v = state["exp_avg_sq"].to(cdt).mul_(b2).addcmul_(g, g, value=1 - b2)
+        state["exp_avg"].copy_(m)
+        state["exp_avg_sq"].copy_(v)
+        # torch.optim.Adam's arithmetic: m̂ / (√v̂ + ε)
+        denom = v.sqrt().div_(math.sqrt(1 - b2**t)).add_(group["adam_eps"])
+        upd = m / denom
+        p.add_(upd.to(p.dtype), alpha=-group["lr"] / (1 - b1**t))
+
+    def _matrix_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+def racs_fixed_point(P: Tensor, n_iter: int = 5, q0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Eq. 16 on ``P = E[G⊙G]`` (m×n, non-negative): ``s = Pᵀq/‖q‖²``, then ``q = P s/‖s‖²``,
+    ``n_iter`` times from ``q0`` (default all ones). Returns ``(s, q)`` (n- and m-vectors).
+
+    This is alternating power iteration, so ``s``, ``q`` tend to the right/left principal singular
+    vectors of ``P`` (up to scale); for a rank-one ``P = a bᵀ`` one iteration is exact.
+    """
+    m, n = P.shape
+    q = torch.ones(m, dtype=P.dtype, device=P.device) if q0 is None else q0.to(P.dtype)
+    tiny = torch.finfo(P.dtype).tiny
+    s = torch.zeros(n, dtype=P.dtype, device=P.device)
+    for _ in range(n_iter):
+        s = torch.mv(P.T, q).div_(torch.dot(q, q).clamp_min(tiny))
+        q = torch.mv(P, s).div_(torch.dot(s, s).clamp_min(tiny))
+    return s, q
+
+
+class RACS(MatrixOptimizer):
+    """Row-and-column-scaled SGD (Algorithm 1). See the module docstring.
+
+    Args:
+        lr: the scheduled learning rate λ (Table 9: 0.02).
+        beta: EMA decay of ``s`` and ``q`` (0.9); ``beta=0`` is the "RACS without EMA" ablation.
+        alpha: update scale α (0.05; 0.02 at 1.3B). The step is ``λ·α·η·G̃``.
+        gamma: limiter threshold γ (1.01); ``limiter=False`` switches the limiter off.
+        n_iter: fixed-point iterations per step (5).
+        warm_start: start the fixed point from the previous EMA of ``q`` instead of ones.
+        eps: floor on ``s`` and ``q`` before the square root (1e-30, fp32).
+        adam_*: settings of groups with ``adam=True``.
+        state_dtype: dtype of ``s``, ``q`` (default: the parameter's).
+
+    State per matrix: ``s`` (n), ``q`` (m), ``phi`` (1) and the step count.
+    """
+
+    method_name = "racs"
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 0.02,
+        beta: float = 0.9,
+        alpha: float = 0.05,
+        gamma: float = 1.01,
+        n_iter: int = 5,
+        warm_start: bool = False,
+        limiter: bool = True,
+        eps: float = 1e-30,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        state_dtype: str | torch.dtype | None = None,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "beta": beta,
+            "alpha": alpha,
+            "gamma": gamma,
+            "n_iter": n_iter,
+            "warm_start": warm_start,
+            "limiter": limiter,
+            "eps": eps,
+            "adam_betas": tuple(adam_betas),
+            "adam_eps": adam_eps,
+            "weight_decay": weight_decay,
+            "state_dtype": state_dtype,
+        }
+        super().__init__(params, defaults)
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        if not 0.0 <= group["beta"] < 1.0:
+            raise ValueError(f"beta must be in [0, 1), got {group['beta']}")
+        if group["gamma"] < 1.0:
+            raise ValueError(f"limiter threshold gamma must be >= 1, got {group['gamma']}")
+        if int(group["n_iter"]) < 1:
+            raise ValueError(f"n_iter must be >= 1, got {group['n_iter']}")
+
+    @staticmethod
+    def state_numel(shape: tuple[int, int], **hparams: Any) -> dict[str, int]:
+        """Elements of each state tensor for a weight of ``shape`` (``phi`` is one fp32 scalar)."""
+        del hparams
+        m, n = shape
+        return {"s": n, "q": m, "phi": 1}
+
+    def _matrix_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        cdt = compute_dtype(p)
+        m, n = p.shape
+        if not state:
+            sd = self._state_dtype(p, group)
+            state["step"] = 0
+            state["s"] = torch.zeros(n, dtype=sd, device=p.device)
+            state["q"] = torch.zeros(m, dtype=sd, device=p.device)
+            state["phi"] = torch.zeros(
+                (), dtype=torch.float32 if cdt != torch.float64 else cdt, device=p.device
+            )
+        state["step"] += 1
+        beta, eps = group["beta"], group["eps"]
+
+        G = grad.to(cdt)
+        P = G * G
+        q0 = state["q"].to(cdt) if (group["warm_start"] and state["step"] > 1) else None
+        s_fp, q_fp = racs_fixed_point(P, int(group["n_iter"]), q0)
+        s = state["s"].to(cdt).mul_(beta).add_(s_fp, alpha=1 - beta)
+        q = state["q"].to(cdt).mul_(beta).add_(q_fp, alpha=1 - beta)
+        state["s"].copy_(s)
+        state["q"].copy_(q)
+
+        # G̃ = Diag(q)^{-1/2} G Diag(s)^{-1/2}
+        Gt = (G * q.clamp_min(eps).rsqrt_()[:, None]).mul_(
+            s.clamp_min(eps).rsqrt_()[None, :]
+        )  # never touches p.grad
+        norm = torch.linalg.vector_norm(Gt)
+        phi = state["phi"]
+        if group["limiter"]:
+            eta = limiter_eta(norm.to(phi.dtype), phi, group["gamma"])
+            phi.copy_(eta * norm)
+        else:
+            eta = torch.ones((), dtype=phi.dtype, device=phi.device)
+            phi.copy_(norm)
+        scale = (-group["lr"] * group["alpha"]) * eta.to(cdt)
+        if p.dtype == cdt:
+            p.add_(Gt.mul_(scale))
+        else:
+            p.add_(Gt.mul_(scale).to(p.dtype))

@@ -1,0 +1,188 @@
+"""RACS (Algorithm 1) against a NumPy float64 reference, its fixed point, limiter, state and inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from curvopt.optim.grouping import build_optimizer
+from curvopt.optim.racs import RACS, racs_fixed_point
+
+
+def racs_reference(W0, grads, lr, beta=0.9, alpha=0.05, gamma=1.01, n_iter=5, warm_start=False):
+    """Algorithm 1, written from the paper (spec §3.1), float64 NumPy. Returns W after each step
+    and the limiter factors η."""
+    W = W0.copy()
+    m, n = W.shape
+    s_ema, q_ema, phi = np.zeros(n), np.zeros(m), 0.0
+    out, etas = [], []
+    for t, G in enumerate(grads, start=1):
+        P = G * G
+        q = q_ema.copy() if (warm_start and t > 1) else np.ones(m)
+        for _ in range(n_iter):
+            s = P.T @ q / (q @ q)
+            q = P @ s / (s @ s)
+        s_ema = beta * s_ema + (1 - beta) * s
+        q_ema = beta * q_ema + (1 - beta) * q
+        Gt = G / np.sqrt(q_ema)[:, None] / np.sqrt(s_ema)[None, :]
+        norm = np.linalg.norm(Gt)
+        eta = 1.0 if t == 1 else gamma / max(norm / phi, gamma)
+        phi = eta * norm
+        W = W - lr * eta * alpha * Gt
+        out.append(W.copy())
+        etas.append(eta)
+    return out, etas
+
+
+def growing_grads(shape, steps, seed=0, growth=4.0):
+    """Three steady steps, then gradients that grow ``growth``× per step (the limiter binds)."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) * growth ** max(0, t - 2) for t in range(steps)]
+
+
+def run_torch(opt_cls, W0, grads, **kw):
+    p = torch.nn.Parameter(torch.tensor(W0))
+    opt = opt_cls([p], **kw)
+    out = []
+    for G in grads:
+        p.grad = torch.tensor(G)
+        opt.step()
+        out.append(p.detach().numpy().copy())
+    return out, opt, p
+
+
+@pytest.mark.parametrize("shape", [(6, 9), (9, 6), (7, 7)])
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_racs_matches_numpy_reference(shape, warm_start):
+    W0 = np.random.default_rng(1).standard_normal(shape)
+    grads = growing_grads(shape, 5, seed=2)
+    ref, etas = racs_reference(W0, grads, lr=0.1, warm_start=warm_start)
+    got, _, _ = run_torch(RACS, W0, grads, lr=0.1, warm_start=warm_start)
+    assert any(e < 1.0 for e in etas), "test data should exercise the limiter"
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_first_step_is_ten_times_sign_for_rank_one_squares():
+    """G⊙G rank one ⇒ the fixed point is exact after one iteration (q sᵀ = G⊙G), so with no
+    bias correction step 1 is ``λα·G/√(0.1·0.1·G²) = 10·λα·sign(G)``."""
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(0.5, 2, 5), rng.uniform(0.5, 2, 8)
+    G = np.sqrt(np.outer(a, b)) * rng.choice([-1.0, 1.0], size=(5, 8))
+    W0 = np.zeros((5, 8))
+    got, _, _ = run_torch(RACS, W0, [G], lr=0.5, alpha=0.2, n_iter=1)
+    np.testing.assert_allclose(got[0], -0.5 * 0.2 * 10 * np.sign(G), rtol=1e-12)
+
+
+def test_fixed_point_rank_one_exact():
+    rng = np.random.default_rng(4)
+    a, b = rng.uniform(0.1, 3, 6), rng.uniform(0.1, 3, 11)
+    P = torch.tensor(np.outer(a, b))
+    s, q = racs_fixed_point(P, n_iter=1)
+    np.testing.assert_allclose(torch.outer(q, s).numpy(), np.outer(a, b), rtol=1e-12)
+
+
+def test_fixed_point_is_principal_singular_pair():
+    """Prop. 3: s, q → the right/left principal singular vectors of P = E[G⊙G] (up to scale)."""
+    rng = np.random.default_rng(5)
+    Gs = rng.standard_normal((20, 7, 12))
+    P = (Gs * Gs).mean(0)
+    s, q = racs_fixed_point(torch.tensor(P), n_iter=200)
+    U, S, Vt = np.linalg.svd(P)
+    u1, v1 = np.abs(U[:, 0]), np.abs(Vt[0])  # Perron vectors are positive
+    np.testing.assert_allclose(q.numpy() / np.linalg.norm(q.numpy()), u1, atol=1e-10)
+    np.testing.assert_allclose(s.numpy() / np.linalg.norm(s.numpy()), v1, atol=1e-10)
+    # and the scale: q sᵀ is the best rank-one approximation σ₁ u₁ v₁ᵀ
+    np.testing.assert_allclose(torch.outer(q, s).numpy(), S[0] * np.outer(u1, v1), rtol=1e-9)
+
+
+def test_beta_zero_is_no_ema_and_no_limiter_when_disabled():
+    shape = (4, 6)
+    W0 = np.zeros(shape)
+    grads = growing_grads(shape, 3, seed=6)
+    ref, _ = racs_reference(W0, grads, lr=1.0, beta=0.0, gamma=1e9)  # γ huge: limiter never binds
+    got, _, _ = run_torch(RACS, W0, grads, lr=1.0, beta=0.0, limiter=False)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-10)
+
+
+def test_zero_gradient_is_finite():
+    p = torch.nn.Parameter(torch.ones(3, 4))
+    opt = RACS([p], lr=0.1)
+    for _ in range(3):
+        p.grad = torch.zeros(3, 4)
+        opt.step()
+    assert torch.isfinite(p).all() and torch.equal(p.detach(), torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("shape", [(5,), (2, 3, 4), (1, 2, 3, 4)])
+def test_non_matrix_parameters_are_rejected(shape):
+    with pytest.raises(ValueError, match="2-D"):
+        RACS([torch.nn.Parameter(torch.zeros(shape))])
+
+
+def test_non_matrix_parameters_are_routed_to_adam():
+    model = torch.nn.Sequential(
+        torch.nn.Conv1d(2, 3, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(9, 5),
+        torch.nn.Tanh(),
+        torch.nn.Linear(5, 2),
+    )
+    opt = build_optimizer(model, "racs", lr=0.01)
+    method = [p for g in opt.param_groups if not g["adam"] for p in g["params"]]
+    adam = [p for g in opt.param_groups if g["adam"] for p in g["params"]]
+    assert [tuple(p.shape) for p in method] == [(5, 9)]  # the hidden Linear only; last layer → Adam
+    assert any(p.dim() == 3 for p in adam) and all(p.dim() == 2 for p in method)
+    x = torch.randn(4, 2, 5)
+    model(x).pow(2).sum().backward()
+    opt.step()
+
+
+def test_adam_group_matches_torch_adam():
+    w = torch.randn(7, dtype=torch.float64)
+    p1, p2 = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    ours = RACS([{"params": [p1], "adam": True}], lr=0.01)
+    ref = torch.optim.Adam([p2], lr=0.01, eps=1e-8)
+    for i in range(4):
+        g = torch.randn(7, dtype=torch.float64) * (i + 1)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p1, p2, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_dict_round_trip_gives_identical_steps(dtype):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(6, 9).to(dtype))
+    opt = RACS([p], lr=0.05)
+    grads = [torch.randn(6, 9).to(dtype) * (1 + i) for i in range(6)]
+    for g in grads[:3]:
+        p.grad = g.clone()
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    q = torch.nn.Parameter(p.detach().clone())
+    opt2 = RACS([q], lr=0.05)
+    opt2.load_state_dict(saved)
+    assert opt2.state[q]["phi"].dtype == torch.float32 and opt2.state[q]["s"].dtype == dtype
+    for g in grads[3:]:
+        p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        opt2.step()
+        assert torch.equal(p, q)
+
+
+def test_bf16_step_close_to_fp32_step():
+    torch.manual_seed(1)
+    W, G = torch.randn(8, 12), torch.randn(8, 12)
+    p32, p16 = torch.nn.Parameter(W.clone()), torch.nn.Parameter(W.clone().bfloat16())
+    o32, o16 = RACS([p32], lr=0.1), RACS([p16], lr=0.1)
+    p32.grad, p16.grad = G.clone(), G.clone().bfloat16()
+    o32.step()
+    o16.step()
+    d32, d16 = p32.detach() - W, p16.detach().float() - W.bfloat16().float()
+    assert (torch.linalg.norm(d16 - d32) / torch.linalg.norm(d32)) < 0.05

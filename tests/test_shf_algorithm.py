@@ -111,7 +111,7 @@ def test_first_step_equals_dense_damped_gauss_newton():
     def residual(w):
         return ((obj.forward(unflatten(w, params), x) - y) / math.sqrt(n)).reshape(-1)
 
-    jac = torch.autograd.functional.jacobian(residual, w0)
+    jac = torch.func.jacrev(residual)(w0)
     r = residual(w0).detach()
     d = -torch.linalg.solve(jac.T @ jac + lam**2 * torch.eye(w0.numel(), dtype=torch.float64), jac.T @ r)
     f0 = 0.5 * float(r @ r)

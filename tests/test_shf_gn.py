@@ -42,7 +42,7 @@ def _setup(net: nn.Sequential):
     def residual(w):
         return ((obj.forward(unflatten(w, params), x) - y) / math.sqrt(N)).reshape(-1)
 
-    jac = torch.autograd.functional.jacobian(residual, w0)  # (N·D, P), scaled by 1/√n
+    jac = torch.func.jacrev(residual)(w0)  # (N·D, P), scaled by 1/√n
     return obj, params, x, y, jac
 
 

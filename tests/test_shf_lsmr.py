@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -89,8 +90,12 @@ def test_right_preconditioning_equals_scipy_on_scaled_operator():
         btol=1e-10,
     )
     assert (ours.istop, ours.itn) == (ref[1], ref[2])
-    np.testing.assert_allclose(ours.x.numpy(), ref[0], rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(ours.solution.numpy(), c * ref[0], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        ours.x.numpy(), ref[0], rtol=1e-8, atol=1e-9
+    )  # different rounding order: A(c∘v) vs (A·diag c)v
+    np.testing.assert_allclose(
+        ours.solution.numpy(), c * ref[0], rtol=1e-8, atol=1e-9
+    )  # different rounding order: A(c∘v) vs (A·diag c)v
 
 
 def test_damped_warm_start_solves_the_shifted_problem():
@@ -102,6 +107,7 @@ def test_damped_warm_start_solves_the_shifted_problem():
     np.testing.assert_allclose(res.x.numpy(), exact, rtol=1e-9, atol=1e-10)
 
 
+@functools.lru_cache(maxsize=1)
 def _noisy_problem(seed: int = 7):
     """Ill-conditioned enough that LSMR runs hundreds of iterations without atol firing."""
     rng = np.random.default_rng(seed)

@@ -215,9 +215,11 @@ def lsmr(
         b_t = b_t.to(dtype)
     c = None if precond is None else torch.as_tensor(precond, dtype=dtype, device=device).reshape(-1)
     if c is not None:
-        mv0, rmv0 = matvec, rmatvec
-        matvec = lambda v: mv0(c * v)
-        rmatvec = lambda u: c * rmv0(u)
+        # v ↦ A(c∘v) through one scratch vector (no per-iteration allocation); the c∘ of
+        # u ↦ c∘Aᵀu is fused into the bidiagonalisation update below
+        scratch = torch.empty(n, dtype=dtype, device=device)
+        mv0 = matvec
+        matvec = lambda v: mv0(torch.mul(c, v, out=scratch))
     if maxiter is None:
         maxiter = min(m, n)
     maxiter = int(maxiter)
@@ -240,6 +242,8 @@ def lsmr(
     if beta > 0:
         u.mul_(1.0 / beta)
         v = rmatvec(u).to(dtype=dtype, copy=True)
+        if c is not None:
+            v.mul_(c)
         alpha = _norm(v)
     else:
         v = torch.zeros(n, dtype=dtype, device=device)
@@ -304,12 +308,16 @@ def lsmr(
     while itn < maxiter:
         itn += 1
         # Golub–Kahan: beta u = A v − alpha u,  alpha v = Aᵀ u − beta v
-        # (one fused pass each, into buffers the solver owns: operator outputs are never modified)
+        # (fused passes into buffers the solver owns: operator outputs are read, never modified,
+        # so operators may return a reused buffer)
         torch.add(matvec(v), u, alpha=-alpha, out=u)
         beta = _norm(u)
         if beta > 0:
             u.mul_(1.0 / beta)
-            torch.add(rmatvec(u), v, alpha=-beta, out=v)
+            if c is None:
+                torch.add(rmatvec(u), v, alpha=-beta, out=v)
+            else:
+                v.mul_(-beta).addcmul_(rmatvec(u), c)
             alpha = _norm(v)
             if alpha > 0:
                 v.mul_(1.0 / alpha)

@@ -116,12 +116,12 @@ class GaussNewtonBase:
     numel: int
     scale: float  # 1/√n
 
-    def jvp(self, v: Tensor) -> Tensor:  # pragma: no cover - interface
-        """``J v`` for a flat parameter-space ``v``; shape ``(n, m_out)``."""
+    def jvp(self, v: Tensor, out: Tensor | None = None) -> Tensor:  # pragma: no cover - interface
+        """``J v`` for a flat parameter-space ``v``; shape ``(n, m_out)`` (into ``out`` if given)."""
         raise NotImplementedError
 
-    def vjp(self, u: Tensor) -> Tensor:  # pragma: no cover - interface
-        """``Jᵀ U`` for an ``(n, m_out)`` ``U``; flat."""
+    def vjp(self, u: Tensor, out: Tensor | None = None) -> Tensor:  # pragma: no cover - interface
+        """``Jᵀ U`` for an ``(n, m_out)`` ``U``; flat (into ``out`` if given)."""
         raise NotImplementedError
 
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover
@@ -186,17 +186,30 @@ class MLPGaussNewton(GaussNewtonBase):
             self.output = s
             self.residual = (s - y.reshape(self.n, -1)) * self.scale
         self._inputs_sq: list[Tensor] | None = None
+        self._buffers: dict[tuple[str, int], Tensor] = {}
 
     # Algorithm 4 (forward mode)
     @torch.no_grad()
-    def jvp(self, v: Tensor) -> Tensor:
+    def jvp(self, v: Tensor, out: Tensor | None = None) -> Tensor:
+        """``J v``; the hidden layers' tangents live in work buffers owned by the operator (fresh
+        multi-MB allocations cost page faults on every LSMR iteration on CPU). ``out`` (shape
+        ``(n, m_out)``) receives the result; without it a new tensor is returned."""
         f: Tensor | None = None
-        for layer, s_in, sp in zip(self.layers, self.inputs, self.derivs):
+        last = len(self.layers) - 1
+        for i, (layer, s_in, sp) in enumerate(zip(self.layers, self.inputs, self.derivs)):
             dw = v[layer.w_slice].view(layer.shape)
-            if layer.b_slice is not None:
-                z = torch.addmm(v[layer.b_slice], s_in, dw.t())
+            if i == last:
+                z = (
+                    out
+                    if out is not None
+                    else torch.empty(self.n, layer.shape[0], dtype=self.dtype, device=self.device)
+                )
             else:
-                z = s_in @ dw.t()
+                z = self._work("jvp", i, layer.shape[0])
+            if layer.b_slice is not None:
+                torch.addmm(v[layer.b_slice], s_in, dw.t(), out=z)
+            else:
+                torch.mm(s_in, dw.t(), out=z)
             if f is not None:
                 z.addmm_(f, self.params[layer.weight_key].t())
             if sp is not None:
@@ -207,21 +220,36 @@ class MLPGaussNewton(GaussNewtonBase):
 
     # Algorithm 5 (backward mode)
     @torch.no_grad()
-    def vjp(self, u: Tensor) -> Tensor:
-        out = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+    def vjp(self, u: Tensor, out: Tensor | None = None) -> Tensor:
+        """``Jᵀ U`` written layer by layer into ``out`` (flat, length P) or a new vector."""
+        if out is None:
+            out = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         top = self.derivs[-1]
-        f = u * self.scale if top is None else torch.mul(u, top).mul_(self.scale)
+        f = self._work("vjp", len(self.layers) - 1, self.layers[-1].shape[0])
+        if top is None:
+            torch.mul(u, self.scale, out=f)
+        else:
+            torch.mul(u, top, out=f).mul_(self.scale)
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
             torch.mm(f.t(), self.inputs[i], out=out[layer.w_slice].view(layer.shape))
             if layer.b_slice is not None:
                 torch.sum(f, 0, out=out[layer.b_slice])
             if i > 0:
-                f = f @ self.params[layer.weight_key]
+                g = self._work("vjp", i - 1, layer.shape[1])
+                torch.mm(f, self.params[layer.weight_key], out=g)
                 sp = self.derivs[i - 1]
                 if sp is not None:
-                    f.mul_(sp)
+                    g.mul_(sp)
+                f = g
         return out
+
+    def _work(self, kind: str, index: int, width: int) -> Tensor:
+        key = (kind, index)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty(self.n, width, dtype=self.dtype, device=self.device)
+        return buf
 
     @torch.no_grad()
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
@@ -278,16 +306,21 @@ class FuncGaussNewton(GaussNewtonBase):
         self.output = outputs.detach().reshape(self.n, -1)
         self.residual = (self.output - y.reshape(self.n, -1)) * self.scale
 
-    def jvp(self, v: Tensor) -> Tensor:
+    def jvp(self, v: Tensor, out: Tensor | None = None) -> Tensor:
         if self._linear is None:
             f = lambda p: functional_call(self.objective.model, p, (self.x,))
             _, self._linear = linearize(f, self.params)
         with torch.no_grad():
-            return self._linear(unflatten(v, self.params)).reshape(self.n, -1).mul(self.scale)
+            jv = self._linear(unflatten(v, self.params)).reshape(self.n, -1)
+            return torch.mul(jv, self.scale, out=out) if out is not None else jv.mul_(self.scale)
 
-    def vjp(self, u: Tensor) -> Tensor:
+    def vjp(self, u: Tensor, out: Tensor | None = None) -> Tensor:
         with torch.no_grad():
-            return flatten(self._pullback(u.reshape(self.out_shape) * self.scale)[0])
+            grads = self._pullback(u.reshape(self.out_shape) * self.scale)[0]
+            if out is None:
+                return flatten(grads)
+            torch.cat([t.reshape(-1) for t in grads.values()], out=out)
+            return out
 
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
         model = self.objective.model

@@ -302,9 +302,12 @@ class SHF:
         else:
             y0 = self.warm_y
         m = gn.residual.numel()
+        # LSMR reads each product before asking for the next, so both write into reused buffers
+        jv_buf = torch.empty_like(gn.residual)
+        vj_buf = torch.empty_like(g)
         op = (
-            lambda v: gn.jvp(v).reshape(-1),
-            lambda u: gn.vjp(u.view(n, -1)),
+            lambda v: gn.jvp(v, out=jv_buf).reshape(-1),
+            lambda u: gn.vjp(u.view(n, -1), out=vj_buf),
             (m, gn.numel),
         )
         b = -gn.residual.reshape(-1)

@@ -47,3 +47,83 @@ def time_to_threshold(x: np.ndarray, y: np.ndarray, threshold: float, mode: str 
     if y1 == y0:
         return float(x1)
     return float(x0 + (threshold - y0) * (x1 - x0) / (y1 - y0))
+
+
+# -- per-run curves on a shared axis (FGN Figure 3 / Table 1; reusable by the other papers) ----------
+def run_curves(
+    runs: pd.DataFrame, x: str, y: str, run_col: str = "run_id"
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{run: (x, y)}`` sorted by ``x``, keeping only rows where both are finite (evaluation rows
+    of a metrics table); runs with fewer than two such rows are dropped."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if runs.empty or x not in runs or y not in runs:
+        return out
+    for run, frame in runs.groupby(run_col):
+        pts = frame[[x, y]].apply(pd.to_numeric, errors="coerce").dropna().sort_values(x)
+        xs, ys = pts[x].to_numpy(dtype=float), pts[y].to_numpy(dtype=float)
+        keep = np.isfinite(xs) & np.isfinite(ys)
+        if keep.sum() >= 2:
+            out[str(run)] = (xs[keep], ys[keep])
+    return out
+
+
+def curves_on_grid(
+    curves: dict[str, tuple[np.ndarray, np.ndarray]], grid: np.ndarray, hold_last: bool = False
+) -> np.ndarray:
+    """Linear interpolation of every run onto ``grid``: shape ``(runs, len(grid))``.
+
+    Outside a run's own range the value is ``nan`` (no extrapolation), or with ``hold_last`` the
+    run's last value beyond its end (a run that has stopped keeps its final quality)."""
+    grid = np.asarray(grid, dtype=float)
+    rows = []
+    for xs, ys in curves.values():
+        row = np.interp(grid, xs, ys)
+        row[grid < xs[0]] = np.nan
+        if not hold_last:
+            row[grid > xs[-1]] = np.nan
+        rows.append(row)
+    return np.stack(rows) if rows else np.empty((0, grid.size))
+
+
+def run_ends(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Last ``x`` of every run (e.g. each run's total algorithm time)."""
+    return np.array([xs[-1] for xs, _ in curves.values()], dtype=float)
+
+
+def shared_horizon(ends_by_group: dict[str, np.ndarray], rule: str = "min_run_end") -> float:
+    """Common comparison horizon of several methods' runs.
+
+    ``min_run_end``: the earliest end of any run (every run is observed up to it, nothing is
+    extrapolated); ``min_mean_end``: the smallest per-method mean end time (the FGN paper's
+    "shared horizon" reading, spec fgn §7.4; runs ending earlier hold their last value)."""
+    groups = [np.asarray(v, dtype=float) for v in ends_by_group.values() if len(v)]
+    if not groups:
+        raise ValueError("no runs to define a horizon")
+    if rule == "min_run_end":
+        return float(min(g.min() for g in groups))
+    if rule == "min_mean_end":
+        return float(min(g.mean() for g in groups))
+    raise ValueError(f"unknown horizon rule {rule!r}; choose min_run_end or min_mean_end")
+
+
+def mean_std(values: np.ndarray, ddof: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std over runs (axis 0), ignoring ``nan``; std with ``ddof`` (0 = population)."""
+    values = np.asarray(values, dtype=float)
+    count = np.sum(np.isfinite(values), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.nanmean(values, axis=0) if values.size else np.array([])
+        centred = np.where(np.isfinite(values), values - mean, 0.0)
+        var = np.sum(centred**2, axis=0) / np.maximum(count - ddof, 1)
+    return mean, np.sqrt(var)
+
+
+def value_at(
+    curves: dict[str, tuple[np.ndarray, np.ndarray]], t: float, hold_last: bool = True, ddof: int = 0
+) -> tuple[float, float, int]:
+    """``(mean, std, runs)`` of the runs' interpolated values at ``x = t``."""
+    values = curves_on_grid(curves, np.array([t]), hold_last=hold_last)[:, 0]
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return float("nan"), float("nan"), 0
+    mean, std = mean_std(values[:, None], ddof)
+    return float(mean[0]), float(std[0]), int(values.size)

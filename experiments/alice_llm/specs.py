@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 PAPER_SIZES = ("60m", "130m", "350m", "1b")
 QUICK_SIZE = "tiny"
 
-# optimizer-config key that puts lm_head in the method's group (true) or Adam's (false);
-# owned by curvopt.optim.grouping / conf/optimizer/{galore,fira,alice,alice0}.yaml.
+# optimizer-config key that puts lm_head in the method's group (true) or Adam's (false)
+# (curvopt.optim.grouping, conf/optimizer/{galore,fira,alice,alice0}.yaml).
 HEAD_KEY = "optimizer.lm_head_in_method"
 
 
@@ -65,7 +65,7 @@ ABLATION_METHODS: list[Method] = [
         "alice",
         "method",
         "no tracking, switch, compensation",
-        ("optimizer.beta3=0.0", "optimizer.switch=none", "optimizer.compensation=none"),
+        ("optimizer.betas=[0.9,0.9,0.0]", "optimizer.switch=none", "optimizer.compensation=none"),
         low_rank=True,
     ),
     Method(

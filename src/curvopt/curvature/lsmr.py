@@ -239,17 +239,19 @@ def lsmr(
         x = x.reshape(-1).clone()
         u = u - matvec(x).to(dtype)
         beta = _norm(u)
+    # Vectors in parameter space are stored as (scalar, buffer) pairs, v = sv·vt, h = sh·ht,
+    # h̄ = shb·hbt: normalising v and the axpby updates then cost one fused pass each instead of
+    # two (on CPU these passes over P-sized vectors rival the J·v/Jᵀu products at small batches).
     if beta > 0:
         u.mul_(1.0 / beta)
-        v = rmatvec(u).to(dtype=dtype, copy=True)
+        vt = rmatvec(u).to(dtype=dtype, copy=True)
         if c is not None:
-            v.mul_(c)
-        alpha = _norm(v)
+            vt.mul_(c)
+        alpha = _norm(vt)
     else:
-        v = torch.zeros(n, dtype=dtype, device=device)
+        vt = torch.zeros(n, dtype=dtype, device=device)
         alpha = 0.0
-    if alpha > 0:
-        v.mul_(1.0 / alpha)
+    sv = 1.0 / alpha if alpha > 0 else 1.0
 
     itn = 0
     zetabar = alpha * beta
@@ -258,8 +260,8 @@ def lsmr(
     rhobar = 1.0
     cbar = 1.0
     sbar = 0.0
-    h = v.clone()
-    hbar = torch.zeros(n, dtype=dtype, device=device)
+    ht, sh = vt.clone(), sv
+    hbt, shb = torch.zeros(n, dtype=dtype, device=device), 1.0
     # ‖r‖ estimation
     betadd = beta
     betad = 0.0
@@ -307,20 +309,23 @@ def lsmr(
 
     while itn < maxiter:
         itn += 1
-        # Golub–Kahan: beta u = A v − alpha u,  alpha v = Aᵀ u − beta v
-        # (fused passes into buffers the solver owns: operator outputs are read, never modified,
-        # so operators may return a reused buffer)
-        torch.add(matvec(v), u, alpha=-alpha, out=u)
-        beta = _norm(u)
+        # Golub–Kahan: beta u = A v − alpha u,  alpha v = Aᵀ u − beta v, with v = sv·vt.
+        # u ← (A vt − (alpha/sv) u) = (A v − alpha u)/sv, one fused pass (operator outputs are read,
+        # never modified, so operators may return a reused buffer)
+        torch.add(matvec(vt), u, alpha=-alpha / sv, out=u)
+        nu = _norm(u)
+        beta = abs(sv) * nu
         if beta > 0:
-            u.mul_(1.0 / beta)
+            u.mul_(math.copysign(1.0, sv) / nu)
+            # vt ← vt − c∘Aᵀu/(beta·sv) = −(c∘Aᵀu − beta·v)/(beta·sv)
+            scale = -1.0 / (beta * sv)
             if c is None:
-                torch.add(rmatvec(u), v, alpha=-beta, out=v)
+                vt.add_(rmatvec(u), alpha=scale)
             else:
-                v.mul_(-beta).addcmul_(rmatvec(u), c)
-            alpha = _norm(v)
-            if alpha > 0:
-                v.mul_(1.0 / alpha)
+                vt.addcmul_(rmatvec(u), c, value=scale)
+            nv = _norm(vt)
+            alpha = abs(beta * sv) * nv
+            sv = -math.copysign(1.0, sv) / nv if nv > 0 else 1.0
         # rotation P̂_k (damping), then P_k turning B into R
         chat, shat, alphahat = sym_ortho(alphabar, damp)
         rhoold = rho
@@ -336,9 +341,13 @@ def lsmr(
         zeta = cbar * zetabar
         zetabar = -sbar * zetabar
         # h̄, x, h updates
-        torch.add(h, hbar, alpha=-(thetabar * rho / (rhoold * rhobarold)), out=hbar)
-        x.add_(hbar, alpha=zeta / (rho * rhobar))
-        torch.add(v, h, alpha=-(thetanew / rho), out=h)
+        # h̄ ← h − (θ̄ρ/(ρ_old ρ̄_old)) h̄ = sh·(ht − (θ̄ρ/(ρ_old ρ̄_old))(shb/sh) hbt)
+        torch.add(ht, hbt, alpha=-(thetabar * rho / (rhoold * rhobarold)) * shb / sh, out=hbt)
+        shb = sh
+        x.add_(hbt, alpha=zeta / (rho * rhobar) * shb)
+        # h ← v − (θ/ρ) h = sv·(vt − (θ/ρ)(sh/sv) ht)
+        torch.add(vt, ht, alpha=-(thetanew / rho) * sh / sv, out=ht)
+        sh = sv
         # ‖r̄‖ estimate: rotations Q̂, Q and Q̃ applied to the right-hand side
         betaacute = chat * betadd
         betacheck = -shat * betadd

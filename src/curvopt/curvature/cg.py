@@ -1,0 +1,257 @@
+"""Preconditioned conjugate gradient on matrix-free operators (flat torch vectors).
+
+Two solvers share one iteration (:func:`_pcg_iterations`):
+
+* :func:`cg` — the textbook PCG with a relative-residual stop, used by any method that wants a
+  plain truncated solve of ``A x = b`` (SGN, FGN variants, tests).
+* :func:`martens_cg` — the variant in James Martens' HF code (``conjgrad_1``): it stops on the
+  *relative progress of the quadratic model* ``φ(x) = ½ xᵀAx − bᵀx`` rather than on the residual
+  (the residual of a damped Gauss-Newton system is a poor proxy for how much the model still
+  decreases), and it keeps a geometric set of intermediate iterates for CG-backtracking.
+
+Both stop cleanly when ``pᵀAp ≤ 0`` (negative or zero curvature along the search direction —
+possible when the operator is only approximately SPD, e.g. in float32 or with a tiny damping)
+and return the last iterate *before* that direction, which is still a descent direction for φ.
+
+The preconditioner is either a callable ``z = precond(r)`` applying ``M⁻¹``, or a tensor holding
+the diagonal of ``M`` (then ``z = r / M``), which is the form Martens' code uses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+MatVec = Callable[[Tensor], Tensor]
+Precond = Callable[[Tensor], Tensor] | Tensor | None
+
+STOP_REASONS = ("converged", "maxiter", "negative_curvature", "breakdown")
+
+
+@dataclass
+class CGResult:
+    """Outcome of :func:`cg`.
+
+    ``residual_norms[i]`` is ``‖b − A x_i‖`` of the recursively updated residual after ``i``
+    iterations (``residual_norms[0]`` belongs to ``x0``); ``stop_reason`` is one of
+    :data:`STOP_REASONS`.
+    """
+
+    x: Tensor
+    iterations: int
+    residual_norms: list[float]
+    stop_reason: str
+    b_norm: float = 0.0
+
+    @property
+    def rel_residual(self) -> float:
+        """Final ``‖r‖/‖b‖`` (``‖r‖`` itself when ``b = 0``)."""
+        last = self.residual_norms[-1]
+        return last / self.b_norm if self.b_norm > 0 else last
+
+
+@dataclass
+class MartensCGResult:
+    """Outcome of :func:`martens_cg`.
+
+    ``phi[i]`` is ``φ(x_i) = ½ x_iᵀAx_i − bᵀx_i`` after ``i`` iterations (``phi[0]`` at ``x0``).
+    ``stored`` holds ``(i, x_i)`` for ``i = ceil(5·1.3^j)`` reached, plus the final iterate,
+    in increasing ``i`` — the candidates of CG-backtracking. ``x`` is the final iterate (the warm
+    start of the next solve in Martens' code).
+    """
+
+    x: Tensor
+    iterations: int
+    phi: list[float]
+    stored: list[tuple[int, Tensor]]
+    stop_reason: str
+    residual_norms: list[float] = field(default_factory=list)
+
+    @property
+    def stored_indices(self) -> list[int]:
+        return [i for i, _ in self.stored]
+
+
+def _as_precond(precond: Precond) -> Callable[[Tensor], Tensor] | None:
+    if precond is None:
+        return None
+    if isinstance(precond, Tensor):
+        diag = precond
+        if not bool(torch.all(diag > 0)):
+            raise ValueError("a diagonal preconditioner must be strictly positive")
+        return lambda r: r / diag
+    if callable(precond):
+        return precond
+    raise TypeError(f"precond must be None, a Tensor (diag of M) or a callable, got {type(precond)}")
+
+
+def _dot(a: Tensor, b: Tensor) -> float:
+    """Inner product accumulated in float64 (CG scalars lose accuracy fast in float32)."""
+    return float(torch.dot(a.reshape(-1).double(), b.reshape(-1).double()))
+
+
+def _pcg_iterations(
+    matvec: MatVec,
+    b: Tensor,
+    x0: Tensor | None,
+    precond: Precond,
+    maxiter: int,
+    should_stop: Callable[[int, Tensor, Tensor, float], bool],
+    on_iterate: Callable[[int, Tensor, Tensor], None] | None = None,
+) -> tuple[Tensor, int, str, list[float]]:
+    """Core PCG loop shared by both solvers.
+
+    ``should_stop(i, x, r, rnorm)`` is asked after every completed iteration ``i`` (and once with
+    ``i = 0`` before the first one); ``on_iterate(i, x, r)`` sees every completed iterate.
+    Returns ``(x, iterations, stop_reason, residual_norms)``.
+    """
+    apply_m = _as_precond(precond)
+    x = torch.zeros_like(b) if x0 is None else x0.clone().to(b)
+    r = b.clone() if x0 is None else b - matvec(x)
+    rnorms = [math.sqrt(max(_dot(r, r), 0.0))]
+    if on_iterate is not None:
+        on_iterate(0, x, r)
+    if not math.isfinite(rnorms[0]):
+        return x, 0, "breakdown", rnorms
+    if should_stop(0, x, r, rnorms[0]):
+        return x, 0, "converged", rnorms
+    z = apply_m(r) if apply_m is not None else r
+    rz = _dot(r, z)
+    p = z.clone()
+    for i in range(1, maxiter + 1):
+        if not (rz > 0 and math.isfinite(rz)):
+            # r ≠ 0 but rᵀM⁻¹r ≤ 0: the preconditioner is not positive definite (or overflow)
+            return x, i - 1, "breakdown", rnorms
+        ap = matvec(p)
+        pap = _dot(p, ap)
+        if not math.isfinite(pap):
+            return x, i - 1, "breakdown", rnorms
+        if pap <= 0:
+            return x, i - 1, "negative_curvature", rnorms
+        alpha = rz / pap
+        x = x + alpha * p
+        r = r - alpha * ap
+        rnorms.append(math.sqrt(max(_dot(r, r), 0.0)))
+        if on_iterate is not None:
+            on_iterate(i, x, r)
+        if should_stop(i, x, r, rnorms[-1]):
+            return x, i, "converged", rnorms
+        z = apply_m(r) if apply_m is not None else r
+        rz_new = _dot(r, z)
+        beta = rz_new / rz
+        rz = rz_new
+        p = z + beta * p
+    return x, maxiter, "maxiter", rnorms
+
+
+def cg(
+    matvec: MatVec,
+    b: Tensor,
+    x0: Tensor | None = None,
+    precond: Precond = None,
+    tol: float = 1e-5,
+    maxiter: int | None = None,
+    miniter: int = 0,
+    callback: Callable[[int, Tensor, Tensor], None] | None = None,
+    atol: float = 0.0,
+) -> CGResult:
+    """Solve ``A x = b`` for SPD ``A`` given as ``matvec``, by preconditioned CG.
+
+    Stops (``'converged'``) as soon as ``‖r_i‖ ≤ max(tol·‖b‖, atol)`` and ``i ≥ miniter``; the
+    residual is the recursively updated one (no extra product). ``maxiter`` defaults to the
+    dimension. ``callback(i, x_i, r_i)`` is called for every iterate including ``x_0``.
+    Negative curvature and breakdown return the last good iterate (see module docstring).
+    """
+    if b.dim() != 1:
+        raise ValueError(f"cg works on flat vectors; got b of shape {tuple(b.shape)}")
+    if maxiter is None:
+        maxiter = b.numel()
+    if maxiter < 0 or miniter < 0 or tol < 0 or atol < 0:
+        raise ValueError("maxiter, miniter, tol and atol must be non-negative")
+    b_norm = math.sqrt(_dot(b, b))
+    threshold = max(tol * b_norm, atol)
+
+    def should_stop(i: int, x: Tensor, r: Tensor, rnorm: float) -> bool:
+        return i >= miniter and rnorm <= threshold
+
+    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, callback)
+    return CGResult(x=x, iterations=iters, residual_norms=rnorms, stop_reason=reason, b_norm=b_norm)
+
+
+def martens_store_indices(maxiter: int, start: float = 5.0, factor: float = 1.3) -> list[int]:
+    """The iterations ``ceil(5·1.3^j)`` ≤ ``maxiter`` at which Martens' CG stores its iterate
+    (5, 7, 9, 11, 15, 19, 25, …), computed by repeated multiplication as his code does."""
+    out, nxt = [], start
+    while math.ceil(nxt) <= maxiter:
+        out.append(math.ceil(nxt))
+        nxt *= factor
+    return out
+
+
+def martens_progress_stop(
+    phi: list[float], i: int, gap_ratio: float = 0.1, min_gap: int = 10, tol: float = 5e-4
+) -> bool:
+    """Martens' relative-progress rule at iteration ``i`` (``phi[j] = φ(x_j)``).
+
+    With ``k = max(min_gap, ceil(gap_ratio·i))``: stop when ``i > k``, ``φ_{i−k} < 0`` and
+    ``(φ_i − φ_{i−k}) / φ_i < k·tol`` — i.e. the average per-iteration relative decrease of the
+    quadratic over the last ``k`` iterations fell below ``tol``. (φ_i < φ_{i−k} < 0, so the ratio
+    is positive and small once progress stalls.)
+    """
+    k = max(min_gap, math.ceil(gap_ratio * i))
+    if i <= k:
+        return False
+    prev, cur = phi[i - k], phi[i]
+    if not prev < 0:
+        return False
+    return (cur - prev) / cur < k * tol
+
+
+def martens_cg(
+    matvec: MatVec,
+    b: Tensor,
+    x0: Tensor | None = None,
+    precond: Precond = None,
+    maxiter: int = 250,
+    miniter: int = 1,
+    progress_tol: float = 5e-4,
+    gap_ratio: float = 0.1,
+    min_gap: int = 10,
+    store_start: float = 5.0,
+    store_factor: float = 1.3,
+) -> MartensCGResult:
+    """Martens' ``conjgrad_1``: PCG for ``A x = b`` stopped on the quadratic's progress.
+
+    ``φ(x_i) = ½ x_iᵀ A x_i − bᵀ x_i`` is tracked for free as ``½ (−b − r_i)ᵀ x_i`` (``r = b − Ax``).
+    The solve stops after iteration ``i ≥ miniter`` when :func:`martens_progress_stop` fires, after
+    ``maxiter`` iterations, or on non-positive curvature (keeping ``x_{i−1}``). The caller does the
+    warm start (Martens: ``x0 = 0.95·`` previous final iterate).
+    """
+    if b.dim() != 1:
+        raise ValueError(f"martens_cg works on flat vectors; got b of shape {tuple(b.shape)}")
+    if maxiter < 1 or miniter < 0:
+        raise ValueError("need maxiter >= 1 and miniter >= 0")
+    store_at = set(martens_store_indices(maxiter, store_start, store_factor))
+    phi: list[float] = []
+    stored: list[tuple[int, Tensor]] = []
+
+    def on_iterate(i: int, x: Tensor, r: Tensor) -> None:
+        phi.append(0.5 * (_dot(-b - r, x)))
+        if i in store_at:
+            stored.append((i, x.clone()))
+
+    def should_stop(i: int, x: Tensor, r: Tensor, rnorm: float) -> bool:
+        if i == 0:
+            return rnorm == 0.0  # x0 solves the system exactly: nothing to do
+        return i >= miniter and martens_progress_stop(phi, i, gap_ratio, min_gap, progress_tol)
+
+    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, on_iterate)
+    if not stored or stored[-1][0] != iters:
+        stored.append((iters, x.clone()))
+    return MartensCGResult(
+        x=x, iterations=iters, phi=phi, stored=stored, stop_reason=reason, residual_norms=rnorms
+    )

@@ -1,0 +1,238 @@
+"""CIFAR-10 for the FOSI tasks (AE: convolutional autoencoder; TL: frozen ResNet-18 + linear head).
+
+Where the images come from, first hit wins:
+
+1. the official python layout ``<data_dir>/cifar-10-batches-py/`` (or ``<data_dir>/cifar10/…``), as
+   unpacked from ``cifar-10-python.tar.gz`` or written by torchvision;
+2. the project's lossless packed form ``<data_dir>/cifar10/{data_batch_1..5,test_batch}.webp`` +
+   ``{train,test}_labels.npy`` (one 3200×3200 mosaic per official batch; decoding is byte-exact, see
+   its PROVENANCE.md), decoded directly (≈0.5 s per batch);
+3. with ``allow_download``: HF ``datasets`` (``uoft-cs/cifar10``, same image order as the official
+   batches) when the hub is reachable.
+
+Decoded arrays can be cached as ``.npy`` in ``cache_dir`` (e.g. ``~/.cache/curvopt``; never the
+repository), which makes later loads ≈10× faster. Nothing is ever written into the data directory.
+
+Two task layouts, because the two papers' pipelines differ:
+
+* ``task='autoencoder'`` (Lippe's UvA tutorial 9, FOSI's AE): pixels scaled to [−1, 1], ``y = x``,
+  the 50k training images split 45k/5k by ``torch.utils.data.random_split`` with a
+  ``Generator().manual_seed(42)`` — we draw the same ``randperm`` so the validation images are the
+  authors' — and the official test set as ``test``.
+* ``task='classification'`` (TL): images kept as **uint8** NCHW (a quarter of the memory; the
+  model converts, resizes to 128 px and keeps the authors' [0, 255] scale), class-index labels,
+  the full 50k as ``train`` and the official 10k test set as ``val`` (the authors validate on the
+  test split), ``test=None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from curvopt.data.common import CorruptDataError, DataNotFoundError, missing_data_message
+from curvopt.training.algorithm import DataBundle
+
+log = logging.getLogger(__name__)
+
+TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_BATCHES = ["test_batch"]
+# md5 of the raw uint8 arrays (C order, NHWC) of the official order — from the packed set's PROVENANCE.
+ARRAY_MD5 = {
+    "train": ("17e2cb5a4119d89a4a13e02b91701bff", "69c5f3349be54915edfca558b72ad888"),
+    "test": ("6d2714505047e13831cd876923568712", "251f18ce75337ae9ca5d0dbd7ea62cf4"),
+}
+HOW_TO_GET = (
+    "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz and unpack it into <data_dir> "
+    "(giving <data_dir>/cifar-10-batches-py/), or put the project's packed copy (data_batch_*.webp, "
+    "test_batch.webp, train_labels.npy, test_labels.npy) into <data_dir>/cifar10/, or run once with "
+    "network access (HF `datasets` id 'uoft-cs/cifar10')."
+)
+
+
+def _find_python_batches(data_dir: Path) -> Path | None:
+    for folder in (data_dir / "cifar-10-batches-py", data_dir / "cifar10" / "cifar-10-batches-py"):
+        if all((folder / name).is_file() for name in TRAIN_BATCHES + TEST_BATCHES):
+            return folder
+    return None
+
+
+def _find_packed(data_dir: Path) -> Path | None:
+    for folder in (data_dir / "cifar10", data_dir):
+        names = [f"{b}.webp" for b in TRAIN_BATCHES + TEST_BATCHES] + ["train_labels.npy", "test_labels.npy"]
+        if all((folder / n).is_file() for n in names):
+            return folder
+    return None
+
+
+def _read_python_batches(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for name in TRAIN_BATCHES if split == "train" else TEST_BATCHES:
+        with open(folder / name, "rb") as fh:
+            entry = pickle.load(fh, encoding="latin1")
+        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        ys.append(np.asarray(entry["labels"], dtype=np.uint8))
+    return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
+
+
+def decode_mosaic(path: Path) -> np.ndarray:
+    """One packed batch: a 100×100 grid of 32×32 tiles, row-major → uint8 [10000, 32, 32, 3] (HWC)."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        mosaic = np.asarray(img.convert("RGB"))
+    if mosaic.shape != (3200, 3200, 3):
+        raise CorruptDataError(f"{path}: mosaic shape {mosaic.shape}, expected (3200, 3200, 3)")
+    return mosaic.reshape(100, 32, 100, 32, 3).transpose(0, 2, 1, 3, 4).reshape(10000, 32, 32, 3)
+
+
+def _read_packed(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    names = TRAIN_BATCHES if split == "train" else TEST_BATCHES
+    x = np.concatenate([decode_mosaic(folder / f"{n}.webp") for n in names])
+    y = np.load(folder / f"{split}_labels.npy").astype(np.uint8)
+    if len(y) != len(x):
+        raise CorruptDataError(f"{folder}: {len(x)} {split} images but {len(y)} labels")
+    return np.ascontiguousarray(x), y
+
+
+def _download_hf(split: str) -> tuple[np.ndarray, np.ndarray]:
+    from datasets import load_dataset
+
+    ds = load_dataset("uoft-cs/cifar10", split=split)
+    x = np.stack([np.asarray(img.convert("RGB"), dtype=np.uint8) for img in ds["img"]])
+    return x, np.asarray(ds["label"], dtype=np.uint8)
+
+
+def _md5(a: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.md5(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def read_cifar10(
+    data_dir: str | Path,
+    split: str,
+    cache_dir: str | Path | None = None,
+    allow_download: bool = True,
+    verify: bool = False,
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """(images uint8 [N, 32, 32, 3] HWC RGB, labels uint8 [N], source) in the official order.
+
+    ``verify`` checks the md5 of the arrays against the official ones (≈0.3 s).
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    directory = Path(data_dir)
+    cache = Path(os.path.expanduser(str(cache_dir))) if cache_dir else None
+    if cache is not None and (cache / f"cifar10_{split}_x.npy").is_file():
+        x, y = np.load(cache / f"cifar10_{split}_x.npy"), np.load(cache / f"cifar10_{split}_y.npy")
+        source = f"cache:{cache}"
+    elif (folder := _find_python_batches(directory)) is not None:
+        x, y = _read_python_batches(folder, split)
+        source = str(folder.resolve())
+    elif (folder := _find_packed(directory)) is not None:
+        x, y = _read_packed(folder, split)
+        source = f"{folder.resolve()} (lossless webp)"
+    else:
+        message = missing_data_message(
+            "CIFAR-10",
+            directory,
+            [
+                "cifar-10-batches-py/{data_batch_1..5,test_batch}",
+                "or cifar10/{data_batch_1..5,test_batch}.webp",
+            ],
+            HOW_TO_GET,
+        )
+        if not allow_download:
+            raise DataNotFoundError(message)
+        try:
+            x, y = _download_hf(split)
+            source = "huggingface:uoft-cs/cifar10"
+        except Exception as err:  # offline, hub blocked, datasets missing
+            raise DataNotFoundError(f"{message}\n(Download through HF datasets also failed: {err})") from err
+    expected = 50000 if split == "train" else 10000
+    if x.shape != (expected, 32, 32, 3) or y.shape != (expected,):
+        raise CorruptDataError(f"CIFAR-10 {split} from {source}: shapes {x.shape}, {y.shape}")
+    if verify and (_md5(x), _md5(y)) != ARRAY_MD5[split]:
+        raise CorruptDataError(f"CIFAR-10 {split} from {source}: md5 differs from the official arrays")
+    if cache is not None and not source.startswith("cache:"):
+        cache.mkdir(parents=True, exist_ok=True)
+        np.save(cache / f"cifar10_{split}_x.npy", x)
+        np.save(cache / f"cifar10_{split}_y.npy", y)
+    return x, y, source
+
+
+def lippe_split(num_total: int = 50000, sizes: tuple[int, int] = (45000, 5000), seed: int = 42):
+    """Indices of ``random_split(range(num_total), sizes, generator=Generator().manual_seed(seed))``."""
+    if sum(sizes) != num_total:
+        raise ValueError(f"split sizes {sizes} must add up to {num_total}")
+    perm = torch.randperm(num_total, generator=torch.Generator().manual_seed(seed))
+    return perm[: sizes[0]], perm[sizes[0] :]
+
+
+def load_cifar10(
+    data_dir: str,
+    task: str = "autoencoder",
+    num_train: int | None = None,
+    num_val: int | None = None,
+    num_test: int | None = None,
+    split_seed: int = 42,
+    cache_dir: str | None = None,
+    allow_download: bool = True,
+    verify: bool = False,
+    backbone_weights: str | None = None,
+    name: str = "cifar10",
+) -> DataBundle:
+    """CIFAR-10 as a :class:`DataBundle` for the FOSI AE / TL tasks (see the module docstring).
+
+    ``num_train`` / ``num_val`` / ``num_test`` take the first examples of each split (after the
+    45k/5k split for the AE) — the quick profiles use them to stay within a CPU minute.
+
+    ``backbone_weights`` (TL): the pretrained ResNet-18 state dict the model will load. It is checked
+    here, because the loop builds the data first, so a missing file stops the run before anything
+    else with what to download and where to put it.
+    """
+    if backbone_weights is not None:
+        from curvopt.models.resnet_head import resolve_weights
+
+        resolve_weights(backbone_weights, allow_download=allow_download)
+    x_tr, y_tr, source = read_cifar10(data_dir, "train", cache_dir, allow_download, verify)
+    x_te, y_te, _ = read_cifar10(data_dir, "test", cache_dir, allow_download, verify)
+    meta = {"name": name, "synthetic": False, "source": source, "task": task}
+
+    def first(
+        pair: tuple[torch.Tensor, torch.Tensor], count: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return pair if count is None else (pair[0][:count], pair[1][:count])
+
+    if task == "autoencoder":
+        # NHWC uint8 -> NCHW float in [-1, 1] (img / 255 * 2 - 1, as the tutorial's image_to_numpy)
+        def images(x: np.ndarray) -> torch.Tensor:
+            t = torch.from_numpy(x).permute(0, 3, 1, 2).float()
+            return (t / 255.0 * 2.0 - 1.0).contiguous()
+
+        train_idx, val_idx = lippe_split(50000, (45000, 5000), split_seed)
+        train_idx = train_idx[:num_train] if num_train is not None else train_idx
+        val_idx = val_idx[:num_val] if num_val is not None else val_idx
+        x_all = torch.from_numpy(x_tr)
+        x_train, x_val = images(x_all[train_idx].numpy()), images(x_all[val_idx].numpy())
+        x_test = images(x_te[:num_test] if num_test is not None else x_te)
+        test = (x_test, x_test) if len(x_test) else None  # num_test=0: no test split
+        return DataBundle(train=(x_train, x_train), val=(x_val, x_val), test=test, meta=meta)
+    if task == "classification":
+
+        def pair(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(y.astype(np.int64))
+
+        return DataBundle(
+            train=first(pair(x_tr, y_tr), num_train),
+            val=first(pair(x_te, y_te), num_val),
+            test=None,
+            meta=meta,
+        )
+    raise ValueError(f"task must be 'autoencoder' or 'classification', got {task!r}")

@@ -1,0 +1,106 @@
+"""Character LSTM language model (FOSI's LM task; haiku's RNN example).
+
+one_hot(128) → LSTM(256) → ReLU → LSTM(256) → MLP [256 (ReLU), 128] applied per time step;
+1,018,240 parameters. The LSTM cell is written out here rather than taken from ``nn.LSTM``:
+
+* haiku's cell is one Linear on ``concat[x, h]`` producing the gates in the order (i, g, f, o),
+  with **+1 added to the forget-gate pre-activation** (not stored in the bias), ``c' = σ(f+1)·c +
+  σ(i)·tanh(g)``, ``h' = σ(o)·tanh(c')``; ``nn.LSTM`` has two biases, the order (i, f, g, o) and no
+  forget offset;
+* FOSI's Lanczos needs Hessian-vector products by forward-over-reverse AD, which cuDNN's fused
+  RNN kernels do not support; plain tensor ops do.
+
+Initialisation follows haiku: truncated normal (±2σ) with σ = 1/√fan_in, zero biases, zero
+initial state per sequence. The one-hot input times the input half of the gate matrix is computed
+as an embedding lookup (same function and gradients, 128× fewer FLOPs); ``input_lookup=False``
+uses the literal one-hot product.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _haiku_linear_init_(weight: Tensor, bias: Tensor | None, fan_in: int) -> None:
+    std = 1.0 / math.sqrt(fan_in)
+    nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
+    if bias is not None:
+        nn.init.zeros_(bias)
+
+
+class HaikuLSTM(nn.Module):
+    """One LSTM layer, batch-first, gates from a single ``(4H, in + H)`` matrix."""
+
+    def __init__(self, input_size: int, hidden_size: int, forget_bias: float = 1.0) -> None:
+        super().__init__()
+        self.input_size, self.hidden_size, self.forget_bias = input_size, hidden_size, forget_bias
+        self.weight = nn.Parameter(torch.empty(4 * hidden_size, input_size + hidden_size))
+        self.bias = nn.Parameter(torch.empty(4 * hidden_size))
+        _haiku_linear_init_(self.weight, self.bias, input_size + hidden_size)
+
+    def forward(self, x_proj: Tensor) -> Tensor:
+        """``x_proj``: the input half of the gate pre-activations, ``(B, T, 4H)``, bias included.
+        Returns the hidden states ``(B, T, H)``."""
+        b, t, _ = x_proj.shape
+        hsz = self.hidden_size
+        w_h = self.weight[:, self.input_size :]
+        h = x_proj.new_zeros(b, hsz)
+        c = x_proj.new_zeros(b, hsz)
+        outputs = []
+        for step in range(t):
+            gates = x_proj[:, step] + h @ w_h.t()
+            i, g, f, o = gates.split(hsz, dim=-1)
+            c = torch.sigmoid(f + self.forget_bias) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        return torch.stack(outputs, dim=1)
+
+    def project_inputs(self, x: Tensor) -> Tensor:
+        """Input half of the gates for a dense input ``(B, T, in)``."""
+        return F.linear(x, self.weight[:, : self.input_size], self.bias)
+
+
+class CharLSTM(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int = 128,
+        hidden_size: int = 256,
+        mlp_hidden: int = 256,
+        forget_bias: float = 1.0,
+        input_lookup: bool = True,
+    ) -> None:
+        super().__init__()
+        self.vocab_size, self.input_lookup = vocab_size, input_lookup
+        self.lstm1 = HaikuLSTM(vocab_size, hidden_size, forget_bias)
+        self.lstm2 = HaikuLSTM(hidden_size, hidden_size, forget_bias)
+        self.fc1 = nn.Linear(hidden_size, mlp_hidden)
+        self.fc2 = nn.Linear(mlp_hidden, vocab_size)
+        _haiku_linear_init_(self.fc1.weight, self.fc1.bias, hidden_size)
+        _haiku_linear_init_(self.fc2.weight, self.fc2.bias, mlp_hidden)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """``tokens``: int64 ``(B, T)`` byte codes → logits ``(B, T, vocab)``."""
+        if self.input_lookup:
+            w_x = self.lstm1.weight[:, : self.vocab_size]  # (4H, vocab): column c = one_hot(c)'s image
+            x_proj = F.embedding(tokens, w_x.t()) + self.lstm1.bias
+        else:
+            one_hot = F.one_hot(tokens, self.vocab_size).to(self.lstm1.weight.dtype)
+            x_proj = self.lstm1.project_inputs(one_hot)
+        h1 = torch.relu(self.lstm1(x_proj))
+        h2 = self.lstm2(self.lstm2.project_inputs(h1))
+        return self.fc2(torch.relu(self.fc1(h2)))
+
+
+def char_lstm(
+    vocab_size: int = 128,
+    hidden_size: int = 256,
+    mlp_hidden: int = 256,
+    forget_bias: float = 1.0,
+    input_lookup: bool = True,
+) -> CharLSTM:
+    """Hydra builder (``conf/model/fosi_char_lstm.yaml``)."""
+    return CharLSTM(vocab_size, hidden_size, mlp_hidden, forget_bias, input_lookup)

@@ -1,0 +1,118 @@
+"""MobileNetV1 as in haiku's ``hk.nets.MobileNetV1`` (FOSI's AC task on AudioSet log-mel images).
+
+Conv 3×3 s2 VALID (32, no bias) → BN → ReLU, 13 depthwise-separable blocks (depthwise 3×3 SAME,
+stride s → BN → ReLU → 1×1 conv → BN → ReLU; channels 64,128,128,256,256,512×6,1024,1024; strides
+1,2,1,2,1,2,1,1,1,1,1,2,1), global spatial mean, Linear(1024 → classes). Convolutions have no
+bias; BN has haiku's decay 0.999 (torch momentum 0.001) and eps 1e-5. TensorFlow's SAME padding
+(extra pixel at the end for even inputs) is reproduced with explicit padding, so every feature map
+has the authors' size and alignment.
+
+Input layout (spec §7 K): the authors fed an NCHW ``(B, 3, 96, 64)`` tensor (an RGB JPEG of a
+96-frame × 64-band log-mel patch) to an NHWC network, which therefore saw 64 mel bands as channels,
+the 3 colour planes as height and the 96 frames as width. ``input_layout='faithful'`` (default)
+reproduces that with ``x.permute(0, 3, 1, 2)``; ``'natural'`` treats the input as the image it is
+(3 channels, 96×64). uint8 inputs are scaled to [0, 1] (``ToTensor``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+CHANNELS = (64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024)
+STRIDES = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TensorFlow SAME padding (before, after) for one spatial dimension."""
+    out = math.ceil(size / stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+class SameConv2d(nn.Conv2d):
+    """``nn.Conv2d`` with TensorFlow SAME padding computed from the input size."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        ph = same_padding(x.shape[-2], self.kernel_size[0], self.stride[0])
+        pw = same_padding(x.shape[-1], self.kernel_size[1], self.stride[1])
+        if any(ph + pw):
+            x = F.pad(x, (pw[0], pw[1], ph[0], ph[1]))
+        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+def _bn(channels: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, eps=1e-5, momentum=0.001)
+
+
+class DepthwiseSeparable(nn.Module):
+    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
+        super().__init__()
+        self.depthwise = SameConv2d(in_ch, in_ch, 3, stride=stride, groups=in_ch, bias=False)
+        self.bn1 = _bn(in_ch)
+        self.pointwise = nn.Conv2d(in_ch, out_ch, 1, bias=False)
+        self.bn2 = _bn(out_ch)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.relu(self.bn1(self.depthwise(x)))
+        return torch.relu(self.bn2(self.pointwise(x)))
+
+
+def _haiku_init_(module: nn.Module) -> None:
+    # haiku Conv2D / Linear default: truncated normal (±2σ), σ = 1/√fan_in; zero bias.
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            fan_in = (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+        elif isinstance(m, nn.Linear):
+            fan_in = m.in_features
+        else:
+            continue
+        std = 1.0 / math.sqrt(fan_in)
+        nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+class MobileNetV1(nn.Module):
+    def __init__(
+        self,
+        num_classes: int = 527,
+        in_channels: int | None = None,
+        input_layout: str = "faithful",
+        channels: tuple[int, ...] = CHANNELS,
+        strides: tuple[int, ...] = STRIDES,
+    ) -> None:
+        super().__init__()
+        if input_layout not in ("faithful", "natural"):
+            raise ValueError(f"input_layout must be 'faithful' or 'natural', got {input_layout!r}")
+        self.input_layout = input_layout
+        if in_channels is None:
+            in_channels = 64 if input_layout == "faithful" else 3
+        self.stem = nn.Conv2d(in_channels, 32, 3, stride=2, padding=0, bias=False)  # VALID
+        self.stem_bn = _bn(32)
+        blocks, prev = [], 32
+        for ch, s in zip(channels, strides, strict=True):
+            blocks.append(DepthwiseSeparable(prev, ch, s))
+            prev = ch
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(prev, num_classes)
+        _haiku_init_(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not x.dtype.is_floating_point:
+            x = x.to(self.fc.weight.dtype) / 255.0
+        if self.input_layout == "faithful":
+            x = x.permute(0, 3, 1, 2)  # NCHW (B, 3, 96, 64) read as NHWC -> (B, 64, 3, 96)
+        x = torch.relu(self.stem_bn(self.stem(x)))
+        x = self.blocks(x)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def mobilenet_v1(
+    num_classes: int = 527, in_channels: int | None = None, input_layout: str = "faithful"
+) -> MobileNetV1:
+    """Hydra builder (``conf/model/fosi_mobilenet.yaml``)."""
+    return MobileNetV1(num_classes, in_channels, input_layout)

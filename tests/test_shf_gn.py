@@ -139,3 +139,24 @@ def test_layer_plan_and_fallback():
     gn = residual_gauss_newton(obj_odd, obj_odd.params(), x, x, hand_written=True)
     assert isinstance(gn, FuncGaussNewton)
     assert not supports_hand_written(Objective(_net(), "sigmoid_bce"))
+
+
+@pytest.mark.parametrize("kind", ["hand", "func"])
+def test_column_scaled_products_and_output_buffers(kind):
+    """``col_scale=c`` gives A·diag(c) and diag(c)·Aᵀ; ``out=`` buffers give the same numbers."""
+    obj, params, x, y, jac = _setup(NETS["linear_code_no_last_bias"]())
+    gn = MLPGaussNewton(obj, params, x, y) if kind == "hand" else FuncGaussNewton(obj, params, x, y)
+    g = torch.Generator().manual_seed(2)
+    p = jac.shape[1]
+    v = torch.randn(p, dtype=torch.float64, generator=g)
+    u = torch.randn(N, D_IN, dtype=torch.float64, generator=g)
+    c = torch.rand(p, dtype=torch.float64, generator=g) + 0.5
+    jv_out, vj_out = torch.empty(N, D_IN, dtype=torch.float64), torch.empty(p, dtype=torch.float64)
+    got = gn.jvp(v, out=jv_out, col_scale=c)
+    assert got.data_ptr() == jv_out.data_ptr()
+    torch.testing.assert_close(got.reshape(-1), jac @ (c * v), rtol=1e-12, atol=1e-13)
+    got = gn.vjp(u, out=vj_out, col_scale=c)
+    assert got.data_ptr() == vj_out.data_ptr()
+    torch.testing.assert_close(got, c * (jac.T @ u.reshape(-1)), rtol=1e-12, atol=1e-13)
+    # v and u are left untouched, and a second call into the same buffers is independent of the first
+    torch.testing.assert_close(gn.jvp(v, out=jv_out).reshape(-1), jac @ v, rtol=1e-12, atol=1e-13)

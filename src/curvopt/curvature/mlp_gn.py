@@ -116,12 +116,18 @@ class GaussNewtonBase:
     numel: int
     scale: float  # 1/√n
 
-    def jvp(self, v: Tensor, out: Tensor | None = None) -> Tensor:  # pragma: no cover - interface
-        """``J v`` for a flat parameter-space ``v``; shape ``(n, m_out)`` (into ``out`` if given)."""
+    def jvp(
+        self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None
+    ) -> Tensor:  # pragma: no cover - interface
+        """``J v`` (``J(c∘v)`` with ``col_scale=c``) for a flat parameter-space ``v``; shape
+        ``(n, m_out)`` (into ``out`` if given)."""
         raise NotImplementedError
 
-    def vjp(self, u: Tensor, out: Tensor | None = None) -> Tensor:  # pragma: no cover - interface
-        """``Jᵀ U`` for an ``(n, m_out)`` ``U``; flat (into ``out`` if given)."""
+    def vjp(
+        self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None
+    ) -> Tensor:  # pragma: no cover - interface
+        """``Jᵀ U`` (``c∘JᵀU`` with ``col_scale=c``) for an ``(n, m_out)`` ``U``; flat (into ``out``
+        if given)."""
         raise NotImplementedError
 
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover
@@ -190,24 +196,31 @@ class MLPGaussNewton(GaussNewtonBase):
 
     # Algorithm 4 (forward mode)
     @torch.no_grad()
-    def jvp(self, v: Tensor, out: Tensor | None = None) -> Tensor:
-        """``J v``; the hidden layers' tangents live in work buffers owned by the operator (fresh
-        multi-MB allocations cost page faults on every LSMR iteration on CPU). ``out`` (shape
-        ``(n, m_out)``) receives the result; without it a new tensor is returned."""
+    def jvp(self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
+        """``J v`` (or ``J (c∘v)`` with ``col_scale=c``, applied layer by layer while the slice is
+        in cache). The hidden layers' tangents live in work buffers owned by the operator (fresh
+        multi-MB allocations cost page faults on every LSMR iteration on CPU); ``out`` (shape
+        ``(n, m_out)``) receives the result, else a new tensor is returned."""
         f: Tensor | None = None
         last = len(self.layers) - 1
         for i, (layer, s_in, sp) in enumerate(zip(self.layers, self.inputs, self.derivs)):
-            dw = v[layer.w_slice].view(layer.shape)
+            dw = v[layer.w_slice]
+            db = v[layer.b_slice] if layer.b_slice is not None else None
+            if col_scale is not None:
+                nw = dw.numel()
+                buf = self._flat_work(nw + (db.numel() if db is not None else 0))
+                dw = torch.mul(dw, col_scale[layer.w_slice], out=buf[:nw])
+                if db is not None:
+                    db = torch.mul(db, col_scale[layer.b_slice], out=buf[nw:])
+            dw = dw.view(layer.shape)
             if i == last:
-                z = (
-                    out
-                    if out is not None
-                    else torch.empty(self.n, layer.shape[0], dtype=self.dtype, device=self.device)
-                )
+                z = out
+                if z is None:
+                    z = torch.empty(self.n, layer.shape[0], dtype=self.dtype, device=self.device)
             else:
                 z = self._work("jvp", i, layer.shape[0])
-            if layer.b_slice is not None:
-                torch.addmm(v[layer.b_slice], s_in, dw.t(), out=z)
+            if db is not None:
+                torch.addmm(db, s_in, dw.t(), out=z)
             else:
                 torch.mm(s_in, dw.t(), out=z)
             if f is not None:
@@ -220,8 +233,9 @@ class MLPGaussNewton(GaussNewtonBase):
 
     # Algorithm 5 (backward mode)
     @torch.no_grad()
-    def vjp(self, u: Tensor, out: Tensor | None = None) -> Tensor:
-        """``Jᵀ U`` written layer by layer into ``out`` (flat, length P) or a new vector."""
+    def vjp(self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
+        """``Jᵀ U`` (or ``c∘JᵀU``) written layer by layer into ``out`` (flat, length P) or a new
+        vector."""
         if out is None:
             out = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         top = self.derivs[-1]
@@ -233,8 +247,12 @@ class MLPGaussNewton(GaussNewtonBase):
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
             torch.mm(f.t(), self.inputs[i], out=out[layer.w_slice].view(layer.shape))
+            if col_scale is not None:
+                out[layer.w_slice].mul_(col_scale[layer.w_slice])
             if layer.b_slice is not None:
                 torch.sum(f, 0, out=out[layer.b_slice])
+                if col_scale is not None:
+                    out[layer.b_slice].mul_(col_scale[layer.b_slice])
             if i > 0:
                 g = self._work("vjp", i - 1, layer.shape[1])
                 torch.mm(f, self.params[layer.weight_key], out=g)
@@ -243,6 +261,13 @@ class MLPGaussNewton(GaussNewtonBase):
                     g.mul_(sp)
                 f = g
         return out
+
+    def _flat_work(self, size: int) -> Tensor:
+        """A reused flat buffer of at least one layer's parameter count (for ``c∘v`` per layer)."""
+        buf = self._buffers.get(("flat", 0))
+        if buf is None or buf.shape[1] < size:
+            buf = self._buffers[("flat", 0)] = torch.empty(1, size, dtype=self.dtype, device=self.device)
+        return buf[0, :size]
 
     def _work(self, kind: str, index: int, width: int) -> Tensor:
         key = (kind, index)
@@ -306,7 +331,9 @@ class FuncGaussNewton(GaussNewtonBase):
         self.output = outputs.detach().reshape(self.n, -1)
         self.residual = (self.output - y.reshape(self.n, -1)) * self.scale
 
-    def jvp(self, v: Tensor, out: Tensor | None = None) -> Tensor:
+    def jvp(self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
+        if col_scale is not None:
+            v = v * col_scale
         if self._linear is None:
             f = lambda p: functional_call(self.objective.model, p, (self.x,))
             _, self._linear = linearize(f, self.params)
@@ -314,13 +341,14 @@ class FuncGaussNewton(GaussNewtonBase):
             jv = self._linear(unflatten(v, self.params)).reshape(self.n, -1)
             return torch.mul(jv, self.scale, out=out) if out is not None else jv.mul_(self.scale)
 
-    def vjp(self, u: Tensor, out: Tensor | None = None) -> Tensor:
+    def vjp(self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
         with torch.no_grad():
             grads = self._pullback(u.reshape(self.out_shape) * self.scale)[0]
             if out is None:
-                return flatten(grads)
-            torch.cat([t.reshape(-1) for t in grads.values()], out=out)
-            return out
+                out = flatten(grads)
+            else:
+                torch.cat([t.reshape(-1) for t in grads.values()], out=out)
+            return out.mul_(col_scale) if col_scale is not None else out
 
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
         model = self.objective.model

@@ -302,12 +302,13 @@ class SHF:
         else:
             y0 = self.warm_y
         m = gn.residual.numel()
-        # LSMR reads each product before asking for the next, so both write into reused buffers
+        # LSMR runs on A·diag(c): the operator applies c layer by layer (cache-friendly), and LSMR
+        # reads each product before asking for the next, so both write into reused buffers
         jv_buf = torch.empty_like(gn.residual)
         vj_buf = torch.empty_like(g)
         op = (
-            lambda v: gn.jvp(v, out=jv_buf).reshape(-1),
-            lambda u: gn.vjp(u.view(n, -1), out=vj_buf),
+            lambda v: gn.jvp(v, out=jv_buf, col_scale=c).reshape(-1),
+            lambda u: gn.vjp(u.view(n, -1), out=vj_buf, col_scale=c),
             (m, gn.numel),
         )
         b = -gn.residual.reshape(-1)
@@ -329,7 +330,6 @@ class SHF:
             conlim=0.0,
             maxiter=self.maxiter,
             x0=y0,
-            precond=c,
             merit=merit if cfg["merit"] else None,
             ftol=cfg["ftol"],
             miniter=cfg["miniter"],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 EXP_DIR = Path(__file__).resolve().parents[1] / "experiments" / "alice_llm"
@@ -110,3 +111,56 @@ def test_run_specs_are_consistent():
     alice = specs.method_by_key("alice")
     assert f"{specs.HEAD_KEY}=true" in alice.run_overrides() and "tag=alice" in alice.run_overrides()
     assert specs.experiment_for("tiny") == "alice_c4" and specs.experiment_for("130m") == "alice_c4_130m"
+
+
+def _tiny_lm():
+    from curvopt.models.llama import llama_lm
+
+    torch.manual_seed(0)
+    return llama_lm("tiny")
+
+
+@pytest.mark.parametrize("method", ["adam", "racs"])
+def test_layerwise_updates_equal_normal_steps(method):
+    from curvopt.objective import mean_loss
+    from curvopt.optim.grouping import build_optimizer
+
+    memory = importlib.import_module("memory")
+    x = torch.randint(3, 256, (2, 16))
+    params = []
+    for layerwise in (False, True):
+        model = _tiny_lm()
+        opt = build_optimizer(model, method, lr=0.01)
+        if layerwise:
+            handles = memory.make_layerwise(opt)
+            assert len(handles) == sum(1 for _ in model.parameters())
+        for _ in range(3):
+            mean_loss(model(x), x[:, 1:], "cross_entropy").backward()
+            if not layerwise:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        assert all(p.grad is None for p in model.parameters())  # freed as soon as used
+        params.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*params):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_basis_recorder_sees_every_refresh():
+    from curvopt.objective import mean_loss
+    from curvopt.optim.grouping import build_optimizer
+
+    basis = importlib.import_module("basis_stability")
+    model = _tiny_lm()
+    opt = build_optimizer(model, "alice", lr=0.01, rank=16, leading=8, update_interval=2, switch="none")
+    name = basis.target_param_name(model)
+    assert name.endswith("layers.1.mlp.down_proj.weight")
+    rows: list = []
+    basis.attach_recorder(opt, dict(model.named_parameters())[name], name, rows, "v")
+    x = torch.randint(3, 256, (2, 16))
+    for _ in range(6):
+        mean_loss(model(x), x[:, 1:], "cross_entropy").backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert sorted({r["step"] for r in rows}) == [2, 4, 6]  # t = 1 has no previous basis
+    assert {r["index"] for r in rows} == {1, 2, 4, 8}
+    assert all(0.0 <= r["abs_cos"] <= 1.0 + 1e-6 for r in rows)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nproc", type=int, default=1, help="GPUs per run (torchrun)")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.nproc > 1:
         os.environ["CURVOPT_TORCHRUN_NPROC"] = str(args.nproc)
 

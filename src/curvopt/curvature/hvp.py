@@ -1,0 +1,132 @@
+"""Hessian-vector products on a flat parameter vector, for Lanczos (FOSI's ESE).
+
+Lanczos works on ℝⁿ; networks keep their parameters as a dict of tensors. :func:`make_flat_hvp`
+bridges the two: it returns ``v ↦ H v`` with ``v`` and the result flat vectors in the parameters'
+order, for the Hessian of ``loss_fn(model(x; θ), y)`` at the current θ on one fixed batch.
+
+Why a module of its own rather than :meth:`curvopt.objective.Objective.hvp`:
+
+* **BatchNorm.** The FOSI authors' JAX code evaluates the ESE loss in training mode (batch
+  statistics) and throws the state update away. A ``torch.func`` transform of a module in train
+  mode would instead write the running statistics from inside the transform (an error, or
+  silently corrupted statistics). :func:`hvp_module` therefore runs the product on a copy whose
+  BatchNorm layers use batch statistics and keep no running statistics
+  (``torch.func.replace_all_batch_norm_modules_``), so the live model's buffers are never touched.
+* **Dropout.** A random loss makes ``v ↦ Hv`` a different matrix at every call, which Lanczos
+  cannot detect and turns into garbage Ritz pairs; the copy runs dropout in eval mode.
+* **Two modes.** ``forward_over_reverse`` (default, the authors' choice: ``jvp(grad(f))``, one
+  forward and one backward with dual numbers) and ``reverse_over_reverse`` (double backward,
+  for layers without forward-mode rules).
+
+A model without BatchNorm or dropout is used as is (no copy, no extra memory).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, jvp, replace_all_batch_norm_modules_
+
+from curvopt.objective import flatten
+
+HVP_MODES = ("forward_over_reverse", "reverse_over_reverse")
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+_BN = (nn.modules.batchnorm._BatchNorm,)
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def hvp_module(model: nn.Module) -> nn.Module:
+    """The module to differentiate for Hessian products: ``model`` itself when it has no
+    BatchNorm or dropout, else a copy with batch-statistics BatchNorm (no running stats) and
+    dropout off. Parameters are always passed explicitly, so the copy's own values are unused."""
+    mods = list(model.modules())
+    if not any(isinstance(m, _BN + _DROPOUT) for m in mods):
+        return model
+    clone = copy.deepcopy(model)
+    replace_all_batch_norm_modules_(clone)
+    for mod in clone.modules():
+        if isinstance(mod, _BN):
+            mod.train()  # batch statistics even if the live model is evaluated in eval mode
+        if isinstance(mod, _DROPOUT):
+            mod.eval()
+    return clone
+
+
+def flat_hvp(
+    loss_of: Callable[[dict[str, Tensor]], Tensor],
+    params: dict[str, Tensor],
+    mode: str = "forward_over_reverse",
+) -> Callable[[Tensor], Tensor]:
+    """``v ↦ ∇²L(θ)·v`` for a functional loss ``L = loss_of(params_dict)`` at ``θ = params``,
+    with ``v`` and the result flat vectors in the dict's order.
+
+    ``params`` is read at each call, so passing views of the live parameters gives the Hessian at
+    the current point without copying.
+    """
+    if mode not in HVP_MODES:
+        raise ValueError(f"hvp mode must be one of {HVP_MODES}, got {mode!r}")
+    names = list(params)
+    shapes = [params[k].shape for k in names]
+    sizes = [params[k].numel() for k in names]
+    n = sum(sizes)
+
+    def split(v: Tensor) -> dict[str, Tensor]:
+        if v.numel() != n:
+            raise ValueError(f"vector has {v.numel()} entries, parameters need {n}")
+        return {k: t.view(s) for k, t, s in zip(names, torch.split(v, sizes), shapes)}
+
+    if mode == "forward_over_reverse":
+        g_fn = grad(loss_of)
+
+        def hvp(v: Tensor) -> Tensor:
+            primal = {k: params[k].detach() for k in names}
+            return flatten(jvp(g_fn, (primal,), (split(v),))[1])
+
+        return hvp
+
+    def hvp_rr(v: Tensor) -> Tensor:
+        primal = {k: params[k].detach().requires_grad_(True) for k in names}
+        with torch.enable_grad():
+            gs = torch.autograd.grad(loss_of(primal), list(primal.values()), create_graph=True)
+            tangent = split(v)
+            hv = torch.autograd.grad(gs, list(primal.values()), grad_outputs=[tangent[k] for k in names])
+        return flatten(list(hv))
+
+    return hvp_rr
+
+
+def make_flat_hvp(
+    model: nn.Module,
+    loss_fn: LossFn,
+    params: dict[str, Tensor],
+    batch: tuple[Tensor, Tensor],
+    mode: str = "forward_over_reverse",
+) -> Callable[[Tensor], Tensor]:
+    """``v ↦ ∇²_θ loss_fn(model(x; θ), y) · v`` at ``θ = params`` (a name → tensor dict in the
+    flat order; parameters of ``model`` not in it are held fixed). ``model`` should come from
+    :func:`hvp_module`."""
+    x, y = batch
+
+    def loss_of(p: dict[str, Tensor]) -> Tensor:
+        return loss_fn(functional_call(model, p, (x,)), y)
+
+    return flat_hvp(loss_of, params, mode)
+
+
+def named_subset(model: nn.Module, tensors: Sequence[Tensor]) -> dict[str, Tensor]:
+    """Names of ``tensors`` (parameters of ``model``) in the given order; raises if one is not a
+    parameter of the model (FOSI needs the loss as a function of exactly those tensors)."""
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    out: dict[str, Tensor] = {}
+    for t in tensors:
+        name = by_id.get(id(t))
+        if name is None:
+            raise ValueError(
+                "an optimised tensor is not a parameter of the model given for the Hessian products"
+            )
+        out[name] = t
+    return out

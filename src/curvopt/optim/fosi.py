@@ -1,0 +1,720 @@
+"""FOSI: a meta-optimizer that adds a Newton step on the extreme Hessian eigenspace to any
+first-order optimizer (Sivan, Gabel & Schuster, ICLR 2024; spec: shared/specs/fosi.md).
+
+Every ``ese_period`` steps, Lanczos on Hessian-vector products (the ESE) estimates the k largest
+and ℓ smallest eigenpairs (λ̂, V̂) of the loss Hessian on an ESE batch. Each step then splits the
+gradient g into g₁ = V̂V̂ᵀg and g₂ = g − g₁ and updates
+
+    θ ← θ + d₁ + s·d₂,   d₁ = −α V̂ diag(u) V̂ᵀ v̄,   d₂ = d_b − V̂V̂ᵀ d_b,
+
+where v̄ is g₁ under the base optimizer's momentum form (HB: g₁ + βv̄, Adam: EMA, GD: g₁),
+u = 1/max(|λ̂|, ε), d_b is the base optimizer's step on g₂ (the base only ever sees g₂), and
+s = clip(|λ̂₁|/|λ̂_k|, 1, c) scales the base step (c = 1 for Adam). Before the first ESE, FOSI *is*
+its base optimizer: ``step`` calls ``base.step()`` and nothing else.
+
+Two entry points:
+
+* :class:`FOSI` — a ``torch.optim.Optimizer`` wrapping an already-built base optimizer, for use
+  from plain Python: ``loss.backward(); fosi.step()``. It shares the base's ``param_groups``
+  (schedulers and manual lr changes reach the base) and ``state``; ``state_dict`` round-trips
+  both. Ready-made: :func:`fosi_heavy_ball`, :func:`fosi_adam`, :func:`fosi_gd`.
+* :func:`build_fosi` — the factory the training loop calls (``conf/optimizer/fosi_*.yaml``):
+  an :class:`~curvopt.training.algorithm.Algorithm` over an ``Objective`` with an ESE batch drawn
+  (seeded) from ``data.train``.
+
+Implementation choices that matter for speed (benchmarks/bench_fosi.py):
+
+* **No flat copies.** V̂ is one ``(k+ℓ, n)`` tensor; each parameter uses the column block that
+  belongs to it as a strided view, so V̂ᵀg, the projection written back into ``p.grad`` and the
+  final update are gemv calls on the parameters and gradients in place. A non-ESE step reads V̂
+  four times (V̂g, g − V̂ᵀc, V̂d_b, the update), three for SGD-type bases (below).
+* **Velocity in coefficients.** Only V̂v̄ enters d₁. Between two ESEs V̂ is fixed, so v̄ is kept as
+  ``ρ·r + V̂ᵀa`` (a residual vector r from before the last ESE with a decaying scalar ρ, plus k+ℓ
+  coefficients a): updating it costs O(k+ℓ) per step instead of two passes over n. It is
+  materialised once per ESE, so — as in the authors' code — v̄ is not reset when V̂ changes.
+* **SGD fast path.** For ``torch.optim.SGD`` (GD or heavy ball, no weight decay, one lr/momentum
+  for all groups), V̂d_b is known without reading d_b: GD's d_b = −ηg₂ ⟂ V̂, and the heavy-ball
+  buffer's coefficients y = V̂m obey y ← βy because V̂g₂ = 0. The scale s is applied by scaling the
+  group lr for the base step (identical for HB/GD, as in the paper). ``fast_path=False`` forces the
+  generic path (tests check both agree).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from curvopt.curvature.hvp import HVP_MODES, flat_hvp, hvp_module, make_flat_hvp, named_subset
+from curvopt.curvature.lanczos import REORTH_MODES, LanczosError, LanczosResult, lanczos
+from curvopt.objective import Objective, mean_loss
+from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
+
+log = logging.getLogger(__name__)
+
+NEWTON_MOMENTUM = ("auto", "none", "heavy_ball", "ema", "nesterov")
+ESE_SCHEDULES = ("paper", "released")
+ESE_BATCH_MODES = ("fixed", "current")
+FAILURE_MODES = ("base", "keep", "raise")
+BASES = ("heavy_ball", "adam", "gd")
+# Named variants: option presets. "quadratic" is the update rule of the authors' quadratic
+# experiments (spec §4.7): EMA momentum on the Newton part with α = 1 and unclipped lr scaling.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quadratic": {"newton_momentum": "ema", "alpha": 1.0, "lr_clip": math.inf},
+}
+_ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _momentum_coefficients(form: str, beta: float, dampening: float = 0.0) -> tuple[float, float]:
+    """(a_g, a_v) of the linear velocity update v̄ ← a_g·g₁ + a_v·v̄ for each momentum form."""
+    if form == "none":
+        return 1.0, 0.0
+    if form == "heavy_ball":
+        return 1.0 - dampening, beta
+    if form == "ema":
+        return 1.0 - beta, beta
+    if form == "nesterov":  # the authors' fosi_nesterov: (1+β)g₁ + β²v̄
+        return 1.0 + beta, beta * beta
+    raise ValueError(f"newton_momentum must be one of {NEWTON_MOMENTUM}, got {form!r}")
+
+
+def _flat(t: Tensor) -> Tensor:
+    if not t.is_contiguous():
+        raise ValueError("FOSI needs contiguous parameters and gradients")
+    return t.view(-1)
+
+
+class FOSI(Optimizer):
+    """FOSI around ``base`` (any ``torch.optim.Optimizer`` already built on the parameters).
+
+    Hessian products: with ``model`` given, the ESE differentiates
+    ``loss_fn(model(x), y)`` over ``ese_batch = (x, y)`` with respect to the base's parameters
+    (which must be parameters of ``model``; other model parameters are held fixed). Without
+    ``model``, ``loss_fn(params, batch)`` must be a functional loss of the list of the base's
+    parameters (in ``param_groups`` order).
+
+    Options (spec §2.6 / §7; defaults are the paper's DNN settings):
+
+    ``k``, ``l``: numbers of largest / smallest eigenpairs. ``alpha``: Newton-part learning rate.
+    ``ese_period`` T (``None``: one ESE only), ``ese_warmup`` W (``None``: = T, the library default;
+    0 when T is ``None``). ``ese_schedule``: ``paper`` (ESE at t = W, W+T, …) or ``released`` (the
+    authors' DNN scripts: t = W+T−1, W+2T−1, …). ``lr_clip`` c (``None``: 1 for Adam/AdamW, else 3;
+    forced to 1 for Adam). ``eps``: floor on |λ̂| in u. ``newton_momentum``: momentum form of the
+    Newton part (``auto`` picks it from the base), ``newton_beta`` its β (default: the base's).
+    ``num_iters``: Lanczos iterations (default max(4(k+ℓ), ⌈2 ln n⌉)). ``seed``: Lanczos start
+    vector, the same at every ESE unless ``fresh_start``. ``ese_batch_mode``: ``fixed`` (the
+    ``ese_batch``) or ``current`` (the batch passed to :meth:`step`). ``on_ese_failure``: ``base``
+    (drop V̂ and run the base optimizer until the next ESE), ``keep`` (keep the previous V̂) or
+    ``raise``. ``debug``: symmetry check of the Hessian operator at every ESE.
+    """
+
+    def __init__(
+        self,
+        base: Optimizer,
+        loss_fn: Callable[..., Tensor],
+        ese_batch: Any = None,
+        *,
+        model: nn.Module | None = None,
+        k: int = 10,
+        l: int = 0,  # noqa: E741
+        alpha: float = 0.01,
+        ese_period: int | None = 800,
+        ese_warmup: int | None = None,
+        ese_schedule: str = "paper",
+        ese_batch_mode: str = "fixed",
+        lr_clip: float | None = None,
+        eps: float = 1e-8,
+        newton_momentum: str = "auto",
+        newton_beta: float | None = None,
+        num_iters: int | None = None,
+        seed: int = 0,
+        fresh_start: bool = False,
+        reorth: str = "twice",
+        hvp_mode: str = "forward_over_reverse",
+        on_ese_failure: str = "base",
+        debug: bool = False,
+        fast_path: bool = True,
+    ) -> None:
+        if not isinstance(base, Optimizer):
+            raise TypeError(f"base must be a torch.optim.Optimizer, got {type(base).__name__}")
+        if isinstance(base, FOSI):
+            raise TypeError("FOSI cannot wrap another FOSI")
+        for name, value, allowed in (
+            ("newton_momentum", newton_momentum, NEWTON_MOMENTUM),
+            ("ese_schedule", ese_schedule, ESE_SCHEDULES),
+            ("ese_batch_mode", ese_batch_mode, ESE_BATCH_MODES),
+            ("on_ese_failure", on_ese_failure, FAILURE_MODES),
+            ("reorth", reorth, REORTH_MODES),
+            ("hvp_mode", hvp_mode, HVP_MODES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if k < 0 or l < 0 or k + l == 0:
+            raise ValueError(f"need k ≥ 0, ℓ ≥ 0 and k + ℓ ≥ 1, got k={k}, ℓ={l}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be non-negative, got {alpha}")
+        if ese_period is not None and ese_period <= 0:
+            ese_period = None
+        if ese_schedule == "released" and ese_period is None:
+            raise ValueError("ese_schedule='released' needs a finite ese_period")
+        if ese_batch_mode == "fixed" and ese_batch is None:
+            raise ValueError("ese_batch_mode='fixed' needs an ese_batch")
+
+        self._initialising = True
+        self.base = base
+        super().__init__(base.param_groups, {})
+        self._initialising = False
+        # share the base's groups (lr schedulers, manual lr changes) and state (introspection)
+        self.param_groups = base.param_groups
+        self.state = base.state
+
+        self.k, self.l, self.alpha, self.eps = int(k), int(l), float(alpha), float(eps)
+        self.ese_period = ese_period
+        self.ese_warmup = (ese_period or 0) if ese_warmup is None else int(ese_warmup)
+        self.ese_schedule, self.ese_batch_mode = ese_schedule, ese_batch_mode
+        self.num_iters, self.seed, self.fresh_start = num_iters, int(seed), bool(fresh_start)
+        self.reorth, self.hvp_mode = reorth, hvp_mode
+        self.on_ese_failure, self.debug, self.fast_path_enabled = on_ese_failure, bool(debug), bool(fast_path)
+        self.ese_batch = ese_batch
+        self.loss_fn = loss_fn
+        self.model = model
+        self._hvp_model = hvp_module(model) if model is not None else None
+
+        is_adam = isinstance(base, _ADAM_FAMILY)
+        if lr_clip is None:
+            lr_clip = 1.0 if is_adam else 3.0
+        if lr_clip < 1.0:
+            raise ValueError(f"lr_clip (c) must be ≥ 1, got {lr_clip}")
+        if is_adam and lr_clip != 1.0:
+            log.warning(
+                "FOSI: lr_clip=%s ignored for %s: Adam's learning rate is never scaled (c = 1)",
+                lr_clip,
+                type(base).__name__,
+            )
+            lr_clip = 1.0
+        self.lr_clip = float(lr_clip)
+        self.newton_momentum, self.newton_beta = self._resolve_momentum(newton_momentum, newton_beta)
+        group0 = base.param_groups[0]
+        self._mom_ag, self._mom_av = _momentum_coefficients(
+            self.newton_momentum,
+            self.newton_beta,
+            float(group0.get("dampening", 0.0)) if self.newton_momentum == "heavy_ball" else 0.0,
+        )
+        if any(float(g.get("weight_decay", 0.0) or 0.0) != 0.0 for g in base.param_groups):
+            log.warning(
+                "FOSI: the base optimizer has weight_decay; put weight decay into the loss "
+                "instead, or the ESE sees a different function than the one optimised (spec §2.8)"
+            )
+
+        self._generator = torch.Generator(device="cpu").manual_seed(self.seed) if self.fresh_start else None
+        self._layout()
+        self.t = 0
+        self.ese_count = 0
+        self.last_ese_error: str | None = None
+        self.last_info: dict[str, Any] = {}
+        self._reset_basis_state()
+
+    # -- setup -------------------------------------------------------------------------------------
+    def _resolve_momentum(self, form: str, beta: float | None) -> tuple[str, float]:
+        group = self.base.param_groups[0]
+        if form == "auto":
+            if isinstance(self.base, torch.optim.SGD):
+                mom = float(group.get("momentum", 0.0))
+                form = "none" if mom == 0.0 else ("nesterov" if group.get("nesterov") else "heavy_ball")
+            elif isinstance(self.base, _ADAM_FAMILY):
+                form = "ema"
+            else:
+                log.info(
+                    "FOSI: no known momentum form for %s; Newton part without momentum",
+                    type(self.base).__name__,
+                )
+                form = "none"
+        if beta is None:
+            if "betas" in group:
+                beta = float(group["betas"][0])
+            elif "momentum" in group:
+                beta = float(group["momentum"])
+            else:
+                beta = 0.9
+        if form != "none" and not 0.0 <= beta < 1.0 + 1e-12:
+            raise ValueError(f"newton_beta must lie in [0, 1], got {beta}")
+        return form, float(beta)
+
+    def _layout(self) -> None:
+        params = [p for g in self.param_groups for p in g["params"]]
+        if not params:
+            raise ValueError("the base optimizer has no parameters")
+        dtypes = {p.dtype for p in params}
+        devices = {p.device for p in params}
+        if len(dtypes) != 1 or not params[0].is_floating_point():
+            raise ValueError(f"FOSI needs parameters of one floating dtype, got {sorted(map(str, dtypes))}")
+        if len(devices) != 1:
+            raise ValueError(f"FOSI needs all parameters on one device, got {sorted(map(str, devices))}")
+        self._params = params
+        self._dtype, self._device = params[0].dtype, params[0].device
+        self._sizes = [p.numel() for p in params]
+        self.n = sum(self._sizes)
+        if self.k + self.l >= self.n:
+            raise ValueError(
+                f"k + ℓ = {self.k + self.l} must be smaller than the number of parameters n = {self.n}"
+            )
+        if self.model is not None:
+            self._named = named_subset(self.model, params)
+        else:
+            self._named = {str(i): p for i, p in enumerate(params)}
+        self._old: list[Tensor] | None = None
+
+    def _reset_basis_state(self) -> None:
+        r = self.k + self.l
+        self.V: Tensor | None = None
+        self._blocks: list[Tensor] = []
+        self.u: Tensor | None = None
+        self.eigenvalues: Tensor | None = None  # float64, [ℓ smallest asc, k largest asc]
+        self.lambda_min: float | None = None
+        self.scale = 1.0
+        self._vel_res: Tensor | None = None
+        self._vel_res_scale = 0.0
+        self._vel_res_proj = torch.zeros(r, dtype=self._dtype, device=self._device)
+        self._vel_coef = torch.zeros(r, dtype=self._dtype, device=self._device)
+        self._mom_proj = torch.zeros(r, dtype=self._dtype, device=self._device)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_initialising", True):
+            super().add_param_group(param_group)
+            return
+        self.base.add_param_group(param_group)
+        self.param_groups = self.base.param_groups
+        log.warning("FOSI: parameter group added; the eigenbasis is dropped until the next ESE")
+        self._layout()
+        self._reset_basis_state()
+
+    # -- schedule ----------------------------------------------------------------------------------
+    def ese_due(self, t: int | None = None) -> bool:
+        """Whether an ESE runs before the update of step ``t`` (default: the next step)."""
+        t = self.t if t is None else t
+        T, W = self.ese_period, self.ese_warmup
+        if self.ese_schedule == "released":
+            return max(1, t + 1 - W) % T == 0
+        if t < W:
+            return False
+        return t == W if T is None else (t - W) % T == 0
+
+    # -- ESE ---------------------------------------------------------------------------------------
+    def _hvp(self, batch: Any) -> Callable[[Tensor], Tensor]:
+        if self.model is not None:
+            return make_flat_hvp(self._hvp_model, self.loss_fn, self._named, batch, self.hvp_mode)
+        names, loss_fn = list(self._named), self.loss_fn
+
+        def loss_of(p: dict[str, Tensor]) -> Tensor:
+            return loss_fn([p[nm] for nm in names], batch)
+
+        return flat_hvp(loss_of, self._named, self.hvp_mode)
+
+    def run_ese(self, batch: Any = None) -> LanczosResult | None:
+        """Estimate the extreme eigenpairs at the current parameters and install them.
+
+        Returns the Lanczos result, or ``None`` when the ESE failed (see ``on_ese_failure``)."""
+        ese_batch = self.ese_batch if self.ese_batch_mode == "fixed" else batch
+        if ese_batch is None:
+            raise ValueError("ese_batch_mode='current' needs the batch: call step(batch=...)")
+        try:
+            result = lanczos(
+                self._hvp(ese_batch),
+                self.n,
+                self.k,
+                self.l,
+                num_iters=self.num_iters,
+                operator_dtype=self._dtype,
+                device=self._device,
+                seed=self.seed,
+                generator=self._generator,
+                reorth=self.reorth,
+                symmetry_check=self.debug,
+            )
+            if not (torch.isfinite(result.eigenvalues).all() and torch.isfinite(result.eigenvectors).all()):
+                raise LanczosError("ESE produced non-finite eigenvalues or eigenvectors")
+        except LanczosError as err:
+            self.last_ese_error = str(err)
+            action = {
+                "base": "falling back to the base optimizer until the next ESE",
+                "keep": "keeping the previous eigenbasis",
+                "raise": "raising",
+            }[self.on_ese_failure]
+            log.warning("FOSI: ESE before step %d failed: %s; %s", self.t, err, action)
+            if self.on_ese_failure == "raise":
+                raise
+            if self.on_ese_failure == "base":
+                self._install(None, None, None)
+            return None
+        self.last_ese_error = None
+        self._install(result.eigenvectors.to(self._dtype).contiguous(), result.eigenvalues, result)
+        self.ese_count += 1
+        return result
+
+    def set_basis(self, eigenvectors: Tensor, eigenvalues: Tensor) -> None:
+        """Install a given eigenbasis (rows of ``eigenvectors``, ordered like ``eigenvalues`` =
+        [ℓ smallest asc, k largest asc]) instead of running Lanczos: tests, and quadratics where
+        the eigenpairs are known."""
+        r = self.k + self.l
+        if eigenvectors.shape != (r, self.n) or eigenvalues.shape != (r,):
+            raise ValueError(f"expected eigenvectors ({r}, {self.n}) and eigenvalues ({r},)")
+        self._install(eigenvectors.to(self._dtype, copy=True).contiguous(), eigenvalues.double(), None)
+
+    @torch.no_grad()
+    def _install(self, V: Tensor | None, lam: Tensor | None, result: LanczosResult | None) -> None:
+        # materialise the velocity v̄ = ρ r + V_oldᵀ a before the basis changes
+        vel = None
+        if self._mom_av != 0.0 and self.V is not None:
+            vel = self.V.T @ self._vel_coef
+            if self._vel_res is not None and self._vel_res_scale != 0.0:
+                vel.add_(self._vel_res, alpha=self._vel_res_scale)
+        elif self._mom_av != 0.0 and self._vel_res is not None:
+            vel = self._vel_res * self._vel_res_scale
+        r = self.k + self.l
+        zeros = torch.zeros(r, dtype=self._dtype, device=self._device)
+        self._vel_res, self._vel_res_scale = vel, (1.0 if vel is not None else 0.0)
+        self._vel_coef = zeros.clone()
+        if V is None:
+            self.V, self._blocks, self.u, self.scale = None, [], None, 1.0
+            self.eigenvalues, self.lambda_min = None, None
+            self._vel_res_proj = zeros.clone()
+            self._mom_proj = zeros.clone()
+            return
+        self.V = V
+        self._blocks = list(torch.split(V, self._sizes, dim=1))
+        self.eigenvalues = lam.detach().double().cpu()
+        self.u = (1.0 / self.eigenvalues.abs().clamp_min(self.eps)).to(self._dtype).to(self._device)
+        if self.k > 0:
+            ratio = abs(float(self.eigenvalues[-1])) / max(abs(float(self.eigenvalues[self.l])), 1e-300)
+            self.scale = float(min(max(ratio, 1.0), self.lr_clip))
+        else:
+            self.scale = 1.0
+        self.lambda_min = float(result.lambda_min) if result is not None else float(self.eigenvalues.min())
+        self._vel_res_proj = self._project(vel) if vel is not None else zeros.clone()
+        self._mom_proj = zeros.clone()
+        if self._fast_path_kind() in ("heavy_ball", "nesterov"):
+            bufs = [self.state.get(p, {}).get("momentum_buffer") for p in self._params]
+            for b, buf in zip(self._blocks, bufs):
+                if buf is not None:
+                    self._mom_proj.addmv_(b, _flat(buf))
+
+    def _project(self, vec: Tensor) -> Tensor:
+        return self.V @ vec
+
+    # -- the update --------------------------------------------------------------------------------
+    def _fast_path_kind(self) -> str | None:
+        """``gd`` / ``heavy_ball`` / ``nesterov`` when the SGD fast path applies, else ``None``."""
+        if not self.fast_path_enabled or type(self.base) is not torch.optim.SGD:
+            return None
+        keys = ("lr", "momentum", "dampening", "nesterov")
+        g0 = self.param_groups[0]
+        for g in self.param_groups:
+            if isinstance(g["lr"], Tensor) or any(g.get(key) != g0.get(key) for key in keys):
+                return None
+            if float(g.get("weight_decay", 0.0) or 0.0) != 0.0 or g.get("maximize", False):
+                return None
+        if float(g0.get("momentum", 0.0)) == 0.0:
+            return "gd"
+        return "nesterov" if g0.get("nesterov") else "heavy_ball"
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None, *, batch: Any = None) -> Tensor | None:  # type: ignore[override]
+        """One FOSI step on the gradients in ``p.grad`` (from ``closure`` if given).
+
+        After the step ``p.grad`` holds g₂ (the part the base optimizer saw). ``batch`` is the
+        current mini-batch, needed only with ``ese_batch_mode='current'``. Scalars describing the
+        step are left in :attr:`last_info`."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        ese_ran = ese_failed = 0
+        ese_time = 0.0
+        lanczos_iters = 0
+        if self.ese_due():
+            t0 = time.perf_counter()
+            result = self.run_ese(batch)
+            ese_time = time.perf_counter() - t0
+            ese_ran, ese_failed = 1, int(result is None)
+            lanczos_iters = result.iterations if result is not None else 0
+        if self.V is None:
+            self.base.step()
+        else:
+            self._fosi_update()
+        self.t += 1
+        info: dict[str, Any] = {
+            "lr": float(self.param_groups[0]["lr"]),
+            "lr_scale": self.scale,
+            "ese_ran": ese_ran,
+            "ese_failed": ese_failed,
+            "ese_time_s": ese_time,
+            "ese_count": self.ese_count,
+            "fosi_active": int(self.V is not None),
+        }
+        if ese_ran:
+            info["lanczos_iters"] = lanczos_iters
+        if self.eigenvalues is not None:
+            info["lambda_max"] = float(self.eigenvalues[-1]) if self.k > 0 else float("nan")
+            info["lambda_k"] = float(self.eigenvalues[self.l]) if self.k > 0 else float("nan")
+            info["lambda_min"] = float(self.lambda_min)
+        if loss is not None:
+            info["loss"] = float(loss)
+        self.last_info = info
+        return loss
+
+    def _fosi_update(self) -> None:
+        params, blocks = self._params, self._blocks
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(_flat(p.grad))
+        # c = V̂ g, then g₂ = g − V̂ᵀ c in place: the base optimizer sees g₂ only
+        c = torch.zeros(self.k + self.l, dtype=self._dtype, device=self._device)
+        for b, g in zip(blocks, grads):
+            c.addmv_(b, g)
+        for b, g in zip(blocks, grads):
+            g.addmv_(b.T, c, alpha=-1.0)
+        # Newton part on the velocity's coefficients: V̂v̄ = a + ρ·V̂r
+        self._vel_coef.mul_(self._mom_av).add_(c, alpha=self._mom_ag)
+        self._vel_res_scale *= self._mom_av
+        vproj = self._vel_coef.clone()
+        if self._vel_res is not None and self._vel_res_scale != 0.0:
+            vproj.add_(self._vel_res_proj, alpha=self._vel_res_scale)
+        coef = vproj.mul_(self.u).mul_(-self.alpha)  # V̂ coefficients of d₁
+        s = self.scale
+        kind = self._fast_path_kind()
+        if kind is not None:
+            lrs = [g["lr"] for g in self.param_groups]
+            first_step = self.state.get(params[0], {}).get("momentum_buffer") is None
+            try:
+                if s != 1.0:
+                    for g in self.param_groups:
+                        g["lr"] = g["lr"] * s
+                self.base.step()
+            finally:
+                for g, lr in zip(self.param_groups, lrs):
+                    g["lr"] = lr
+            if kind != "gd":
+                beta = float(self.param_groups[0]["momentum"])
+                if first_step:
+                    self._mom_proj.zero_()
+                else:
+                    self._mom_proj.mul_(beta)
+                # −V̂ d_b = s·lr·(V̂ m) (HB) or s·lr·β·(V̂ m) (Nesterov): subtract d_b's part along V̂
+                factor = s * float(lrs[0]) * (beta if kind == "nesterov" else 1.0)
+                coef.add_(self._mom_proj, alpha=factor)
+        else:
+            if self._old is None:
+                self._old = [torch.empty_like(p) for p in params]
+            torch._foreach_copy_(self._old, [p.detach() for p in params])
+            self.base.step()
+            old = self._old
+            torch._foreach_sub_(old, [p.detach() for p in params])  # old = −d_b
+            e_neg = torch.zeros_like(c)
+            for b, d in zip(blocks, old):
+                e_neg.addmv_(b, _flat(d))
+            if s != 1.0:
+                torch._foreach_add_([p.detach() for p in params], old, alpha=-(s - 1.0))
+            coef.add_(e_neg, alpha=s)
+        for b, p in zip(blocks, params):
+            _flat(p.detach()).addmv_(b.T, coef)
+
+    # -- (de)serialisation -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        fosi = {
+            "t": self.t,
+            "ese_count": self.ese_count,
+            "V": self.V,
+            "eigenvalues": self.eigenvalues,
+            "lambda_min": self.lambda_min,
+            "vel_res": self._vel_res,
+            "vel_res_scale": self._vel_res_scale,
+            "vel_res_proj": self._vel_res_proj,
+            "vel_coef": self._vel_coef,
+            "mom_proj": self._mom_proj,
+            "generator": self._generator.get_state() if self._generator is not None else None,
+        }
+        return {"base": self.base.state_dict(), "fosi": fosi}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        if "base" not in state_dict or "fosi" not in state_dict:
+            raise ValueError("not a FOSI state dict (needs 'base' and 'fosi')")
+        self.base.load_state_dict(state_dict["base"])
+        # torch rebuilds the group dicts on load: re-link them
+        self.param_groups = self.base.param_groups
+        self.state = self.base.state
+        fs = state_dict["fosi"]
+        self.t, self.ese_count = int(fs["t"]), int(fs["ese_count"])
+        dev, dt = self._device, self._dtype
+
+        def to(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.to(device=dev, dtype=dt)
+
+        self._reset_basis_state()
+        V = to(fs["V"])
+        if V is not None:
+            lam = fs["eigenvalues"].double()
+            self._install(V.contiguous(), lam, None)
+            self.lambda_min = fs.get("lambda_min", self.lambda_min)
+        self._vel_res = to(fs["vel_res"])
+        self._vel_res_scale = float(fs["vel_res_scale"])
+        self._vel_res_proj = to(fs["vel_res_proj"])
+        self._vel_coef = to(fs["vel_coef"])
+        self._mom_proj = to(fs["mom_proj"])
+        if self._generator is not None and fs.get("generator") is not None:
+            self._generator.set_state(fs["generator"])
+
+
+# -- ready-made FOSI variants -----------------------------------------------------------------------
+def fosi_heavy_ball(
+    params: Iterable[Any],
+    lr: float,
+    loss_fn: Callable[..., Tensor],
+    ese_batch: Any = None,
+    momentum: float = 0.9,
+    **kwargs: Any,
+) -> FOSI:
+    """FOSI-HB: heavy ball (``torch.optim.SGD(momentum=β)``) as the base, HB-form Newton momentum."""
+    return FOSI(torch.optim.SGD(params, lr=lr, momentum=momentum), loss_fn, ese_batch, **kwargs)
+
+
+def fosi_adam(
+    params: Iterable[Any],
+    loss_fn: Callable[..., Tensor],
+    ese_batch: Any = None,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    **kwargs: Any,
+) -> FOSI:
+    """FOSI-Adam: ``torch.optim.Adam`` as the base, EMA Newton momentum, c = 1."""
+    return FOSI(torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps), loss_fn, ese_batch, **kwargs)
+
+
+def fosi_gd(
+    params: Iterable[Any], lr: float, loss_fn: Callable[..., Tensor], ese_batch: Any = None, **kwargs: Any
+) -> FOSI:
+    """FOSI-GD: plain gradient descent (``torch.optim.SGD``) as the base, no Newton momentum."""
+    return FOSI(torch.optim.SGD(params, lr=lr), loss_fn, ese_batch, **kwargs)
+
+
+def make_base_optimizer(
+    name: str,
+    params: Iterable[Any],
+    lr: float,
+    momentum: float = 0.9,
+    betas: Sequence[float] = (0.9, 0.999),
+    adam_eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> Optimizer:
+    """The base optimizers of the paper by name: ``heavy_ball``, ``adam``, ``gd``."""
+    if name == "heavy_ball":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=adam_eps, weight_decay=weight_decay)
+    if name == "gd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"base must be one of {BASES}, got {name!r}")
+
+
+# -- the training loop's Algorithm --------------------------------------------------------------------
+class FOSIAlgorithm(AlgorithmBase):
+    """The loop's view of FOSI: forward/backward on the step's batch, then :meth:`FOSI.step`.
+
+    ``grad_clip_value`` clips gradients element-wise before FOSI sees them (the FOSI paper's AE
+    task chains ``optax.clip(1.0)`` before every optimizer)."""
+
+    def __init__(self, objective: Objective, fosi: FOSI, grad_clip_value: float | None = None) -> None:
+        self.objective = objective
+        self.fosi = fosi
+        self.grad_clip_value = grad_clip_value
+
+    def step(self, batch: Batch) -> dict[str, Any]:
+        x, y = batch
+        obj = self.objective
+        self.fosi.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            loss = mean_loss(obj.model(x), y, obj.loss_kind, obj.ignore_index)
+            loss.backward()
+        if self.grad_clip_value is not None:
+            torch.nn.utils.clip_grad_value_(self.fosi._params, self.grad_clip_value)
+        self.fosi.step(batch=batch)
+        return {"loss": float(loss.detach()), **self.fosi.last_info}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fosi": self.fosi.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fosi.load_state_dict(state["fosi"])
+
+
+def draw_ese_batch(data: DataBundle, size: int, seed: int = 0, source: str = "random") -> Batch:
+    """The fixed ESE batch: ``size`` training examples drawn without replacement with a seeded
+    generator (``random``), or the first ``size`` examples (``first``, the authors' LR/TL setup)."""
+    if data.train is None:
+        raise ValueError("a fixed ESE batch needs in-memory training data; use ese_batch=current")
+    x, y = data.train
+    count = min(int(size), int(x.shape[0]))
+    if source == "first":
+        idx = torch.arange(count)
+    elif source == "random":
+        idx = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(int(seed)))[:count]
+    else:
+        raise ValueError(f"ese_batch_source must be 'random' or 'first', got {source!r}")
+    idx = idx.to(x.device)
+    return x[idx], y[idx]
+
+
+def build_fosi(
+    objective: Objective,
+    data: DataBundle,
+    base: str = "heavy_ball",
+    lr: float = 0.01,
+    momentum: float = 0.9,
+    betas: Sequence[float] = (0.9, 0.999),
+    adam_eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    variant: str = "default",
+    ese_batch: str = "fixed",
+    ese_batch_size: int = 256,
+    ese_batch_source: str = "random",
+    ese_seed: int = 0,
+    grad_clip_value: float | None = None,
+    **fosi_options: Any,
+) -> FOSIAlgorithm:
+    """Factory for ``conf/optimizer/fosi_*.yaml``: FOSI around the named base optimizer.
+
+    ``ese_batch`` is ``fixed`` (one batch of ``ese_batch_size`` drawn from ``data.train`` with
+    ``ese_seed``, used at every ESE: the authors' setup) or ``current`` (the step's batch).
+    ``variant`` applies a preset from :data:`VARIANTS` under the explicit options. The remaining
+    options go to :class:`FOSI` (k, l, alpha, ese_period, ese_warmup, lr_clip, …)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
+    options = {**VARIANTS[variant], **fosi_options}
+    if "ese_batch_mode" in options:
+        raise ValueError("use `ese_batch: fixed|current` in the config, not ese_batch_mode")
+    base_opt = make_base_optimizer(
+        base,
+        [p for p in objective.model.parameters() if p.requires_grad],
+        lr,
+        momentum,
+        betas,
+        adam_eps,
+        weight_decay,
+    )
+    fixed = draw_ese_batch(data, ese_batch_size, ese_seed, ese_batch_source) if ese_batch == "fixed" else None
+    kind, ignore = objective.loss_kind, objective.ignore_index
+
+    def loss_fn(out: Tensor, y: Tensor) -> Tensor:
+        return mean_loss(out, y, kind, ignore)
+
+    fosi = FOSI(base_opt, loss_fn, fixed, model=objective.model, ese_batch_mode=ese_batch, **options)
+    return FOSIAlgorithm(objective, fosi, grad_clip_value=grad_clip_value)

@@ -8,10 +8,11 @@ import pytest
 import torch
 from test_fgn_reference import damped_solve, dense, head, mlp
 
+from curvopt.curvature.cg import cg
 from curvopt.curvature.fgn_ops import fgn_weights, row_space_cg
-from curvopt.objective import Objective, flatten, unflatten
+from curvopt.objective import Objective, flatten
 from curvopt.optim.fgn import FGN, build_fgn, find_affine_head
-from curvopt.optim.sgn import SGN, build_sgn, param_cg
+from curvopt.optim.sgn import SGN, build_sgn
 
 
 def _batch(b: int, d_in: int, c: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +171,7 @@ def test_sgn_ggn_product_equals_dense_ggn(kind):
     g = torch.Generator().manual_seed(11)
     for _ in range(3):  # closures are reused across products
         v = torch.randn(ref.h_ggn.shape[0], generator=g, dtype=torch.float64)
-        got = flatten(operator(unflatten(v, params)))
+        got = operator(v)
         torch.testing.assert_close(got, ref.h_ggn @ v + 0.25 * v, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(flatten(grad), ref.grad, rtol=1e-10, atol=1e-12)
 
@@ -188,17 +189,26 @@ def test_sgn_step_equals_dense_solve_and_warm_start():
     stats = sgn.step((x, y))
     torch.testing.assert_close((_flat_params(model) - before) / 0.5, expected, rtol=1e-8, atol=1e-10)
     assert stats["cg_residual"] < 1e-12
-    torch.testing.assert_close(flatten(sgn.previous), expected, rtol=1e-8, atol=1e-10)
-    # the next solve starts from the stored direction (x0 = previous): check with param_cg
+    torch.testing.assert_close(sgn.previous, expected, rtol=1e-8, atol=1e-10)
+    # the next solve starts from the stored direction: warm-started at the solution, CG has
+    # nothing left to do (the SGN step passes x0=previous to curvature.cg)
     a = ref.h_ggn + lam * torch.eye(ref.h_ggn.shape[0], dtype=torch.float64)
-    like = {"w": expected}
-    _, info = param_cg(lambda v: {"w": a @ v["w"]}, {"w": -ref.grad}, {"w": expected}, tol=1e-8, maxiter=5)
-    assert info["iters"] == 0  # warm start at the solution: nothing left to do
+    result = cg(lambda v: a @ v, -ref.grad, x0=sgn.previous, tol=1e-8, maxiter=5)
+    assert result.iterations == 0 and result.stop_reason == "converged"
+    # a second SGN step on the same batch starts from `previous`: its initial residual is that
+    # of the old solution at the new parameters, smaller than a cold start's ‖g‖
+    cold = SGN(
+        Objective(mlp(3, 4, 5, seed=6), "cross_entropy"), lr=0.5, damping=lam, cg_maxiter=1, warm_start=False
+    )
+    warm = SGN(
+        Objective(mlp(3, 4, 5, seed=6), "cross_entropy"), lr=0.5, damping=lam, cg_maxiter=1, warm_start=True
+    )
+    warm.previous = expected.clone()
+    assert warm.step((x, y))["cg_residual"] < cold.step((x, y))["cg_residual"]
     state = sgn.state_dict()
     fresh = SGN(Objective(mlp(3, 4, 5), "cross_entropy"))
     fresh.load_state_dict(state)
-    torch.testing.assert_close(flatten(fresh.previous), flatten(sgn.previous))
-    del like
+    torch.testing.assert_close(fresh.previous, sgn.previous)
 
 
 def test_sgn_and_fgn_agree_for_two_classes():

@@ -270,7 +270,7 @@ class FGN(AlgorithmBase):
                 "cg_breakdown": info["breakdown"],
                 "xi_mean": xi.mean(),
                 "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
-                "step_norm": torch.sqrt(sum((t * t).sum() for t in back.values())),
+                "step_norm": torch.sqrt(sum(torch.vdot(t.reshape(-1), t.reshape(-1)) for t in back.values())),
             }
         return self._finish(stats)
 

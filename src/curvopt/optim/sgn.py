@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvopt.curvature.cg import cg
 from curvopt.curvature.fgn_ops import (
     check_classification_batch,
     competitor_distribution,
@@ -34,7 +35,7 @@ from curvopt.curvature.fgn_ops import (
     true_class_mask,
     true_vs_rest_margin,
 )
-from curvopt.objective import Objective, Params
+from curvopt.objective import Objective, Params, flatten, unflatten
 from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
 
 
@@ -45,51 +46,8 @@ def softmax_ggn_output_product(probs: Tensor, u: Tensor) -> Tensor:
 
 
 def _tree_dot(a: Params, b: Params) -> Tensor:
-    return sum((x * b[k]).sum() for k, x in a.items())
-
-
-def param_cg(
-    matvec: Callable[[Params], Params],
-    rhs: Params,
-    x0: Params | None,
-    tol: float,
-    maxiter: int,
-) -> tuple[Params, dict[str, Any]]:
-    """CG on parameter dicts (SciPy/JAX semantics: ``‖r‖ ≤ tol·‖rhs‖``, ``atol = 0``; a warm start
-    costs one extra product, ``r0 = rhs − A x0``). A non-positive ``pᵀAp`` ends the solve.
-
-    Kept on dicts (no flattening) so an 8 M-parameter head pays no copies per product.
-    """
-    if x0 is None:
-        x = {k: torch.zeros_like(v) for k, v in rhs.items()}
-        r = {k: v.clone() for k, v in rhs.items()}
-    else:
-        x = {k: v.clone() for k, v in x0.items()}
-        ax = matvec(x)
-        r = {k: rhs[k] - ax[k] for k in rhs}
-    rhs_norm = float(torch.sqrt(_tree_dot(rhs, rhs)))
-    threshold = tol * rhs_norm
-    p = {k: v.clone() for k, v in r.items()}
-    rs = float(_tree_dot(r, r))
-    iters, breakdown = 0, False
-    while iters < maxiter and rs**0.5 > threshold:
-        ap = matvec(p)
-        curvature = float(_tree_dot(p, ap))
-        if not curvature > 0:
-            breakdown = True
-            break
-        alpha = rs / curvature
-        for k in x:
-            x[k].add_(p[k], alpha=alpha)
-            r[k].add_(ap[k], alpha=-alpha)
-        rs_new = float(_tree_dot(r, r))
-        beta = rs_new / rs
-        for k in p:
-            p[k].mul_(beta).add_(r[k])
-        rs = rs_new
-        iters += 1
-    rel = rs**0.5 / rhs_norm if rhs_norm > 0 else 0.0
-    return x, {"iters": iters, "rel_residual": rel, "breakdown": breakdown}
+    """Inner product without temporaries (one fused pass per tensor)."""
+    return sum(torch.vdot(x.reshape(-1), b[k].reshape(-1)) for k, x in a.items())
 
 
 class SGN(AlgorithmBase):
@@ -124,7 +82,8 @@ class SGN(AlgorithmBase):
         self.steps = 0
 
     def ggn_operator(self, params: Params, x: Tensor, y: Tensor) -> tuple[Tensor, Params, Callable]:
-        """``(logits, g, v ↦ (H_GGN + λI) v)`` at ``params`` from one linearisation."""
+        """``(logits, g, v ↦ (H_GGN + λI) v)`` at ``params`` from one linearisation; the operator
+        acts on flat vectors (the generic :func:`curvopt.curvature.cg.cg` works on those)."""
         z, vjp_z, jvp_z, _ = linear_maps(lambda p: self.objective.forward(p, x), params)
         z = z.detach()
         check_classification_batch(z, y)
@@ -135,9 +94,9 @@ class SGN(AlgorithmBase):
         grad = vjp_z(residual / b)
         lam = self.damping
 
-        def operator(v: Params) -> Params:
-            out = vjp_z(softmax_ggn_output_product(probs, jvp_z(v)) / b)
-            return {k: t.add_(v[k], alpha=lam) for k, t in out.items()}
+        def operator(v: Tensor) -> Tensor:
+            out = vjp_z(softmax_ggn_output_product(probs, jvp_z(unflatten(v, params))) / b)
+            return flatten(out).add_(v, alpha=lam)
 
         return z, grad, operator
 
@@ -145,9 +104,10 @@ class SGN(AlgorithmBase):
         x, y = batch
         params = self.objective.params()
         z, grad, operator = self.ggn_operator(params, x, y)
-        rhs = {k: -g for k, g in grad.items()}
+        rhs = flatten(grad).neg_()
         x0 = self.previous if self.warm_start else None
-        direction, info = param_cg(operator, rhs, x0, self.cg_tol, self.cg_maxiter)
+        result = cg(operator, rhs, x0=x0, tol=self.cg_tol, maxiter=self.cg_maxiter)
+        direction = unflatten(result.x, params)
         with torch.no_grad():
             for name, p in params.items():
                 p.add_(direction[name], alpha=self.lr)
@@ -161,18 +121,20 @@ class SGN(AlgorithmBase):
                 xi = dispersion(competitor_distribution(z, y))
                 stats["xi_mean"] = xi.mean()
                 stats["dropped_trace_mean"] = (torch.sigmoid(s) * xi).mean()
-        self.previous = direction if self.warm_start else None
+        self.previous = result.x if self.warm_start else None
         keys = list(stats)
         out: dict[str, Any] = dict(zip(keys, torch.stack([stats[k].double() for k in keys]).tolist()))
+        breakdown = result.stop_reason in ("negative_curvature", "breakdown")
         out.update(
-            cg_iters=int(info["iters"]),
-            cg_residual=float(info["rel_residual"]),
-            cg_breakdown=int(info["breakdown"]),
+            cg_iters=int(result.iterations),
+            cg_residual=float(result.rel_residual),
+            cg_breakdown=int(breakdown),
+            cg_stop=result.stop_reason,
             lr=self.lr,
             damping=self.damping,
         )
-        if info["breakdown"]:
-            log_breakdown("SGN", self.steps, info)
+        if breakdown:
+            log_breakdown("SGN", self.steps, {"iters": result.iterations})
         self.steps += 1
         return out
 

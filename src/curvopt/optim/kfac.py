@@ -1,0 +1,474 @@
+"""K-FAC (Martens & Grosse 2015; KFC for convolutions, Grosse & Martens 2016), the second-order
+baseline of the FOSI paper, modelled on the behaviour of ``kfac_jax.Optimizer`` that the authors ran.
+
+Why our own: no maintained PyTorch package offers kfac-jax's update (adaptive learning rate and
+momentum from a quadratic model, Levenberg–Marquardt damping); see docs/fosi_tasks.md.
+
+Curvature blocks (one per layer; parameters outside them per ``uncovered``):
+
+* ``nn.Linear``: F ≈ A ⊗ G with A = E[ā āᵀ] (ā = input with a homogeneous 1 for the bias) and
+  G = E[g gᵀ] of the per-example output derivatives (inputs with extra leading dims, e.g. sequences,
+  count every row as an example);
+* ``nn.Conv2d`` (groups 1, zero padding): KFC — A over the unfolded input patches averaged over
+  positions, G summed over positions;
+* ``nn.ConvTranspose2d`` (groups 1, dilation 1): the equivalent stride-1 convolution of the
+  zero-dilated, padded input with the flipped, transposed kernel (how XLA implements it), then KFC;
+* ``uncovered='diagonal'``: a diagonal Fisher for every other trainable parameter (BatchNorm,
+  depthwise convolutions); ``'error'`` (default) refuses, as kfac-jax's "parameter not assigned a
+  block" did for the LSTM of the LM task.
+
+G uses gradients of the loss at targets **sampled from the model's predictive distribution**
+(``estimation='fisher_gradients'``, kfac-jax's default: categorical for cross-entropy, Bernoulli for
+sigmoid BCE, N(out, I) for ½‖·‖²); ``'empirical'`` uses the true targets. Factors are exponential
+moving averages (``curvature_ema``, debiased by their total weight). Every ``inverse_update_period``
+steps the factors are inverted with factored Tikhonov damping: (A + π√λ I)⁻¹ and (G + √λ/π I)⁻¹,
+π = √((tr A / dim A)/(tr G / dim G)).
+
+Update: Δ = −F̂⁻¹g, δ = α Δ + μ δ_prev. A fixed ``lr``/``momentum`` gives α/μ; ``'adaptive'`` solves
+for them by minimising the quadratic model q(δ) = gᵀδ + ½ δᵀ(C + λI)δ with C the exact Gauss–Newton
+(= Fisher for these losses) of the mini-batch, via ``Objective.ggn_vp``. ``adaptive_damping``
+re-fits λ every ``damping_adaptation_interval`` steps from ρ = (f(θ+δ) − f(θ)) / q(δ) on the same
+batch (λ ← λ/ω if ρ < ¼, λ·ω if ρ > ¾, ω = decay^interval); q excludes the damping term unless
+``include_damping_in_quad_change``.
+
+GGN products use a copy of the model whose BatchNorm normalises with batch statistics without
+tracking them (the training-mode function); the running statistics are restored after the extra
+forward for ρ, so only the training forward updates them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from curvopt.curvature.hvp import hvp_module
+from curvopt.objective import Objective, mean_loss
+from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
+
+ESTIMATIONS = ("fisher_gradients", "empirical")
+UNCOVERED = ("error", "diagonal")
+
+
+@dataclass
+class _Block:
+    name: str
+    kind: str  # linear | conv | convT | diag
+    module: nn.Module | None
+    params: list[nn.Parameter]
+    has_bias: bool = False
+    A: Tensor | None = None  # raw EMA sums (divide by weight)
+    G: Tensor | None = None
+    weight: float = 0.0
+    A_inv: Tensor | None = None
+    G_inv: Tensor | None = None
+    inputs: Tensor | None = None  # captured during the K-FAC forward
+    outputs: Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _conv_supported(m: nn.Module) -> bool:
+    if isinstance(m, nn.ConvTranspose2d):
+        return m.groups == 1 and tuple(m.dilation) == (1, 1) and m.padding_mode == "zeros"
+    if isinstance(m, nn.Conv2d):
+        return m.groups == 1 and m.padding_mode == "zeros" and not isinstance(m.padding, str)
+    return False
+
+
+def convT_as_conv_input(x: Tensor, m: nn.ConvTranspose2d) -> Tensor:
+    """Zero-dilate and pad the input of a transposed convolution so that a stride-1 convolution with
+    :func:`convT_equivalent_weight` gives the same output."""
+    b, c, h, w = x.shape
+    sh, sw = m.stride
+    kh, kw = m.kernel_size
+    ph, pw = m.padding
+    oh, ow = m.output_padding
+    dil = x.new_zeros(b, c, (h - 1) * sh + 1, (w - 1) * sw + 1)
+    dil[:, :, ::sh, ::sw] = x
+    top, left = kh - 1 - ph, kw - 1 - pw
+    bottom, right = top + oh, left + ow
+    if min(top, left, bottom, right) < 0:
+        raise ValueError("padding larger than kernel_size - 1 is not supported for ConvTranspose2d K-FAC")
+    return F.pad(dil, (left, right, top, bottom))
+
+
+def convT_equivalent_weight(weight: Tensor) -> Tensor:
+    """(in, out, kh, kw) transposed-conv kernel → (out, in, kh, kw) kernel of the equivalent conv."""
+    return weight.flip(2, 3).transpose(0, 1)
+
+
+def _snapshot_buffers(model: nn.Module) -> dict[str, Tensor]:
+    return {k: b.detach().clone() for k, b in model.named_buffers()}
+
+
+def _restore_buffers(model: nn.Module, saved: dict[str, Tensor]) -> None:
+    with torch.no_grad():
+        for k, b in model.named_buffers():
+            b.copy_(saved[k])
+
+
+def sample_targets(outputs: Tensor, kind: str, targets: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Targets drawn from the model's predictive distribution at ``outputs``."""
+    out = outputs.detach()
+    if kind == "cross_entropy":
+        probs = torch.softmax(out.reshape(-1, out.shape[-1]).float(), dim=-1)
+        y = torch.multinomial(probs, 1, generator=generator).view(out.shape[:-1])
+        if targets.shape == y.shape:
+            y = torch.where(targets == -100, targets, y)
+        return y
+    if kind == "sigmoid_bce":
+        return torch.bernoulli(torch.sigmoid(out), generator=generator).to(out.dtype)
+    if kind == "squared_error":  # ½‖out − y‖² is the NLL of N(out, I)
+        noise = torch.randn(out.shape, generator=generator, dtype=out.dtype, device=out.device)
+        return out + noise
+    raise ValueError(f"K-FAC cannot sample targets for loss kind {kind!r}")
+
+
+class KFAC(AlgorithmBase):
+    def __init__(
+        self,
+        objective: Objective,
+        lr: float | str = "adaptive",
+        momentum: float | str = "adaptive",
+        damping: float = 1.0,
+        adaptive_damping: bool = True,
+        damping_adaptation_interval: int = 5,
+        damping_adaptation_decay: float = 0.9,
+        damping_lower_threshold: float = 0.25,
+        damping_upper_threshold: float = 0.75,
+        min_damping: float = 1e-8,
+        max_damping: float = math.inf,
+        include_damping_in_quad_change: bool = False,
+        curvature_ema: float = 0.95,
+        curvature_update_period: int = 1,
+        inverse_update_period: int = 5,
+        estimation: str = "fisher_gradients",
+        l2_reg: float = 0.0,
+        uncovered: str = "error",
+        clip_grad_value: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        if estimation not in ESTIMATIONS:
+            raise ValueError(f"estimation must be one of {ESTIMATIONS}, got {estimation!r}")
+        if uncovered not in UNCOVERED:
+            raise ValueError(f"uncovered must be one of {UNCOVERED}, got {uncovered!r}")
+        for name, value in (("lr", lr), ("momentum", momentum)):
+            if isinstance(value, str) and value != "adaptive":
+                raise ValueError(f"{name} must be a number or 'adaptive', got {value!r}")
+        if damping <= 0:
+            raise ValueError(f"damping must be positive, got {damping}")
+        if not 0.0 <= curvature_ema < 1.0:
+            raise ValueError(f"curvature_ema must be in [0, 1), got {curvature_ema}")
+        self.objective = objective
+        self.lr, self.momentum = lr, momentum
+        self.damping = float(damping)
+        self.adaptive_damping = bool(adaptive_damping)
+        self.interval = int(damping_adaptation_interval)
+        self.omega = float(damping_adaptation_decay) ** self.interval
+        self.lower, self.upper = float(damping_lower_threshold), float(damping_upper_threshold)
+        self.min_damping, self.max_damping = float(min_damping), float(max_damping)
+        self.include_damping_in_quad_change = bool(include_damping_in_quad_change)
+        self.ema = float(curvature_ema)
+        self.curvature_update_period = int(curvature_update_period)
+        self.inverse_update_period = int(inverse_update_period)
+        self.estimation = estimation
+        self.l2_reg = float(l2_reg)
+        self.clip_grad_value = clip_grad_value
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.step_count = 0
+        self.velocity: list[Tensor] | None = None
+        self.names = [n for n, p in objective.model.named_parameters() if p.requires_grad]
+        self.params = [p for p in objective.model.parameters() if p.requires_grad]
+        self.blocks = self._make_blocks(uncovered)
+        # GGN products run under torch.func, where BatchNorm may not update running statistics: use
+        # a copy with batch-statistics BN (the training-mode function) for them.
+        curv_model = hvp_module(objective.model)
+        self._curv_objective = (
+            objective if curv_model is objective.model else Objective(curv_model, objective.loss_kind)
+        )
+        self._capturing = False
+        self._hooks = [
+            b.module.register_forward_hook(self._make_hook(b)) for b in self.blocks if b.kind != "diag"
+        ]
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def _make_blocks(self, uncovered: str) -> list[_Block]:
+        covered: set[int] = set()
+        blocks = []
+        for name, m in self.objective.model.named_modules():
+            w = getattr(m, "weight", None)
+            if not isinstance(w, nn.Parameter) or not w.requires_grad:
+                continue
+            if isinstance(m, nn.Linear):
+                kind = "linear"
+            elif isinstance(m, nn.ConvTranspose2d) and _conv_supported(m):
+                kind = "convT"
+            elif isinstance(m, nn.Conv2d) and _conv_supported(m):
+                kind = "conv"
+            else:
+                continue
+            bias = getattr(m, "bias", None)
+            has_bias = isinstance(bias, nn.Parameter) and bias.requires_grad
+            params = [w] + ([bias] if has_bias else [])
+            blocks.append(_Block(name, kind, m, params, has_bias))
+            covered.update(id(p) for p in params)
+        rest = [(n, p) for n, p in zip(self.names, self.params, strict=True) if id(p) not in covered]
+        if rest and uncovered == "error":
+            listed = ", ".join(n for n, _ in rest[:6]) + (" …" if len(rest) > 6 else "")
+            raise NotImplementedError(
+                f"K-FAC has no Kronecker block for {len(rest)} parameter tensors ({listed}): only "
+                "nn.Linear, nn.Conv2d and nn.ConvTranspose2d layers are supported. kfac-jax fails the "
+                "same way on the LM task's LSTM (the FOSI paper omits K-FAC there). Set "
+                "optimizer.uncovered=diagonal to give them a diagonal Fisher instead."
+            )
+        blocks += [_Block(n, "diag", None, [p]) for n, p in rest]
+        return blocks
+
+    def _make_hook(self, block: _Block):
+        def hook(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+            if self._capturing:
+                block.inputs = inputs[0].detach()
+                block.outputs = output
+
+        return hook
+
+    # -- factors -----------------------------------------------------------------------------------------
+    def _rows_A(self, b: _Block) -> Tensor:
+        """Activation rows ā (M, d_in [+1]) of the captured input."""
+        x = b.inputs
+        m = b.module
+        if b.kind == "linear":
+            rows = x.reshape(-1, x.shape[-1])
+        else:
+            if b.kind == "convT":
+                x = convT_as_conv_input(x, m)
+                patches = F.unfold(x, m.kernel_size, stride=1)
+            else:
+                patches = F.unfold(x, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+            rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+        if b.has_bias:
+            rows = torch.cat([rows, rows.new_ones(rows.shape[0], 1)], dim=1)
+        return rows
+
+    @staticmethod
+    def _rows_G(b: _Block, ds: Tensor) -> Tensor:
+        if b.kind == "linear":
+            return ds.reshape(-1, ds.shape[-1])
+        return ds.flatten(2).transpose(1, 2).reshape(-1, ds.shape[1])  # (B, C, H, W) -> (B·H·W, C)
+
+    def _update_factors(self, ds_list: list[Tensor], diag_grads: list[Tensor], normaliser: float) -> None:
+        old, new = self.ema, 1.0 - self.ema
+        kron = [b for b in self.blocks if b.kind != "diag"]
+        for b, ds in zip(kron, ds_list, strict=True):
+            a = self._rows_A(b)
+            g = self._rows_G(b, ds)
+            A_hat = a.t() @ a / a.shape[0]
+            G_hat = normaliser * (g.t() @ g)
+            # debiased EMA (kfac-jax's WeightedMovingAverage): value = raw / weight
+            b.A = new * A_hat if b.A is None else old * b.A + new * A_hat
+            b.G = new * G_hat if b.G is None else old * b.G + new * G_hat
+            b.weight = old * b.weight + new
+        diag = [b for b in self.blocks if b.kind == "diag"]
+        for b, g in zip(diag, diag_grads, strict=True):
+            f_hat = normaliser * g.detach() ** 2
+            b.A = new * f_hat if b.A is None else old * b.A + new * f_hat
+            b.weight = old * b.weight + new
+
+    def _update_inverses(self) -> None:
+        lam = self.damping + self.l2_reg
+        for b in self.blocks:
+            if b.kind == "diag" or b.A is None:
+                continue
+            A = (b.A / b.weight).double()
+            G = (b.G / b.weight).double()
+            tr_a, tr_g = float(torch.trace(A)) / A.shape[0], float(torch.trace(G)) / G.shape[0]
+            pi = math.sqrt(tr_a / tr_g) if tr_a > 0 and tr_g > 0 else 1.0
+            eye_a = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+            eye_g = torch.eye(G.shape[0], dtype=G.dtype, device=G.device)
+            b.A_inv = torch.linalg.inv(A + pi * math.sqrt(lam) * eye_a).to(b.A.dtype)
+            b.G_inv = torch.linalg.inv(G + math.sqrt(lam) / pi * eye_g).to(b.G.dtype)
+
+    # -- gradient <-> block matrices ---------------------------------------------------------------------
+    @staticmethod
+    def _grad_matrix(b: _Block, grads: list[Tensor]) -> Tensor:
+        w = grads[0]
+        if b.kind == "convT":
+            w = convT_equivalent_weight(w)
+        mat = w.reshape(w.shape[0], -1)
+        if b.has_bias:
+            mat = torch.cat([mat, grads[1].reshape(-1, 1)], dim=1)
+        return mat
+
+    @staticmethod
+    def _split_matrix(b: _Block, mat: Tensor) -> list[Tensor]:
+        w_shape = b.params[0].shape
+        w_mat = mat[:, :-1] if b.has_bias else mat
+        if b.kind == "convT":  # inverse of convT_equivalent_weight
+            w = w_mat.reshape(w_shape[1], w_shape[0], *w_shape[2:]).transpose(0, 1).flip(2, 3)
+        else:
+            w = w_mat.reshape(w_shape)
+        return [w] + ([mat[:, -1].reshape(b.params[1].shape)] if b.has_bias else [])
+
+    def precondition(self, grads: list[Tensor]) -> list[Tensor]:
+        """F̂⁻¹ g for gradients listed in ``self.params`` order (block-diagonal, damped)."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        out: list[Tensor | None] = [None] * len(self.params)
+        lam = self.damping + self.l2_reg
+        for b in self.blocks:
+            idx = [index[id(p)] for p in b.params]
+            if b.kind == "diag":
+                f = b.A / b.weight if b.A is not None else torch.zeros_like(grads[idx[0]])
+                out[idx[0]] = grads[idx[0]] / (f + lam)
+                continue
+            mat = self._grad_matrix(b, [grads[i] for i in idx])
+            pre = b.G_inv @ mat @ b.A_inv
+            for i, t in zip(idx, self._split_matrix(b, pre), strict=True):
+                out[i] = t
+        return out  # type: ignore[return-value]
+
+    # -- quadratic model --------------------------------------------------------------------------------
+    def _ggn(self, x: Tensor, y: Tensor, vec: list[Tensor]) -> list[Tensor]:
+        params = dict(zip(self.names, [p.detach() for p in self.params], strict=True))
+        v = dict(zip(self.names, vec, strict=True))
+        out = self._curv_objective.ggn_vp(params, x, y, v)
+        return [out[n] for n in self.names]
+
+    @staticmethod
+    def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
+        return sum((u * w).sum() for u, w in zip(a, b, strict=True)).double()
+
+    def _coefficients(
+        self, grads: list[Tensor], vectors: list[list[Tensor]], curv: list[list[Tensor]]
+    ) -> tuple[list[float], float]:
+        """Coefficients of ``vectors`` (fixed ones from lr/momentum, the rest minimising the damped
+        quadratic model) and the model change q(δ) used for ρ."""
+        n = len(vectors)
+        lam = self.damping + self.l2_reg
+        M = torch.zeros(n, n, dtype=torch.float64)
+        gram = torch.zeros(n, n, dtype=torch.float64)
+        bvec = torch.zeros(n, dtype=torch.float64)
+        for i in range(n):
+            bvec[i] = self._dot(grads, vectors[i])
+            for j in range(i, n):
+                M[i, j] = M[j, i] = self._dot(vectors[i], curv[j])
+                gram[i, j] = gram[j, i] = self._dot(vectors[i], vectors[j])
+        fixed = [self.lr, self.momentum][:n]
+        coeff = torch.zeros(n, dtype=torch.float64)
+        free = [i for i, c in enumerate(fixed) if c == "adaptive"]
+        known = [i for i, c in enumerate(fixed) if c != "adaptive"]
+        for i in known:
+            coeff[i] = float(fixed[i])
+        if free:
+            Md = M + lam * gram
+            rhs = bvec[free] + (Md[free][:, known] @ coeff[known] if known else 0.0)
+            sol = torch.linalg.lstsq(Md[free][:, free], -rhs.unsqueeze(1)).solution.squeeze(1)
+            coeff[free] = sol
+        quad = M + (lam * gram if self.include_damping_in_quad_change else 0.0)
+        change = float(bvec @ coeff + 0.5 * coeff @ quad @ coeff)
+        return [float(c) for c in coeff], change
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def step(self, batch: Batch) -> dict[str, Any]:
+        x, y = batch
+        obj, model = self.objective, self.objective.model
+        kind = obj.loss_kind
+        update_curv = self.step_count % self.curvature_update_period == 0
+        kron = [b for b in self.blocks if b.kind != "diag"]
+        diag_params = [b.params[0] for b in self.blocks if b.kind == "diag"]
+        self._capturing = update_curv
+        try:
+            with torch.enable_grad():
+                out = model(x)
+                loss = mean_loss(out, y, kind, obj.ignore_index)
+                outputs = [b.outputs for b in kron] if update_curv else []
+                if update_curv and self.estimation == "empirical":
+                    res = torch.autograd.grad(loss, self.params + outputs)
+                    grads = list(res[: len(self.params)])
+                    ds = list(res[len(self.params) :])
+                    pos = {id(p): i for i, p in enumerate(self.params)}
+                    diag_g = [grads[pos[id(p)]] for p in diag_params]
+                elif update_curv:
+                    grads = list(torch.autograd.grad(loss, self.params, retain_graph=True))
+                    y_s = sample_targets(out, kind, y, self.generator)
+                    loss_s = mean_loss(out, y_s, kind, obj.ignore_index)
+                    res = torch.autograd.grad(loss_s, outputs + diag_params)
+                    ds, diag_g = list(res[: len(outputs)]), list(res[len(outputs) :])
+                else:
+                    grads = list(torch.autograd.grad(loss, self.params))
+        finally:
+            self._capturing = False
+            for b in kron:
+                b.outputs = None
+        if update_curv:
+            self._update_factors(ds, diag_g, obj._normaliser(y))
+            for b in kron:
+                b.inputs = None
+        if self.step_count % self.inverse_update_period == 0 or any(b.A_inv is None for b in kron):
+            self._update_inverses()
+        if self.clip_grad_value is not None:
+            grads = [g.clamp(-self.clip_grad_value, self.clip_grad_value) for g in grads]
+        if self.l2_reg:
+            grads = [g + self.l2_reg * p.detach() for g, p in zip(grads, self.params, strict=True)]
+
+        nat = [-t for t in self.precondition(grads)]
+        vectors = [nat] + ([self.velocity] if self.velocity is not None else [])
+        adaptive = "adaptive" in (self.lr, self.momentum)
+        adapt_damping = self.adaptive_damping and (self.step_count + 1) % self.interval == 0
+        scalars: dict[str, Any] = {"loss": float(loss.detach()), "damping": self.damping}
+        saved = _snapshot_buffers(model) if (adaptive or adapt_damping) else None
+        if adaptive or adapt_damping:
+            curv = [self._ggn(x, y, v) for v in vectors]
+            coeff, change = self._coefficients(grads, vectors, curv)
+        else:
+            coeff = [float(self.lr), float(self.momentum)][: len(vectors)]
+            change = float("nan")
+        delta = [sum(c * v[i] for c, v in zip(coeff, vectors, strict=True)) for i in range(len(self.params))]
+        with torch.no_grad():
+            for p, d in zip(self.params, delta, strict=True):
+                p.add_(d)
+        self.velocity = [d.detach() for d in delta]
+        if adapt_damping:
+            with torch.no_grad():
+                new_loss = float(mean_loss(model(x), y, kind, obj.ignore_index))
+            rho = (new_loss - scalars["loss"]) / change if change < 0 else -math.inf
+            if not math.isfinite(rho) or rho < self.lower:
+                self.damping = min(self.damping / self.omega, self.max_damping)
+            elif rho > self.upper:
+                self.damping = max(self.damping * self.omega, self.min_damping)
+            scalars["rho"] = rho
+        if saved is not None:
+            _restore_buffers(model, saved)
+        scalars.update(lr_coeff=coeff[0], momentum_coeff=coeff[1] if len(coeff) > 1 else 0.0, qmodel=change)
+        self.step_count += 1
+        return scalars
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step_count": self.step_count,
+            "damping": self.damping,
+            "velocity": self.velocity,
+            "generator": self.generator.get_state(),
+            "blocks": [
+                {"A": b.A, "G": b.G, "weight": b.weight, "A_inv": b.A_inv, "G_inv": b.G_inv}
+                for b in self.blocks
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = state["step_count"]
+        self.damping = state["damping"]
+        self.velocity = state["velocity"]
+        self.generator.set_state(state["generator"])
+        for b, s in zip(self.blocks, state["blocks"], strict=True):
+            b.A, b.G, b.weight, b.A_inv, b.G_inv = s["A"], s["G"], s["weight"], s["A_inv"], s["G_inv"]
+
+
+def build_kfac(objective: Objective, data: DataBundle, **options: Any) -> KFAC:
+    """Factory for ``conf/optimizer/kfac.yaml`` (the loop passes the objective and data)."""
+    del data
+    return KFAC(objective, **options)

@@ -1,0 +1,235 @@
+"""Step-time ratios of FGN (closed-form and generic), SGN and Adam on a linear softmax head.
+
+    python benchmarks/bench_fgn.py                      # b = 512, D = 2048, C ∈ {196, 1024, 4096}
+    python benchmarks/bench_fgn.py --classes 196 --repeats 10 --compile
+
+Everything runs in one process on the same data, one C at a time; each entry is the median of
+``--repeats`` timed steps after ``--warmup`` steps (steady state). Besides whole steps it times the
+two pieces the brief's reference figures are about: one full-softmax GGN·v through ``torch.func``
+(``Objective.ggn_vp``, and SGN's own linearised operator) and the two b×b Gram matmuls of the
+closed form. Adam is ``torch.optim.Adam`` with ``fused=True`` and ``False``; the faster one is the
+baseline. Targets (brief of issue #4) are checked and printed. Results go to
+``results/benchmarks/bench_fgn.json`` and ``bench_fgn.png``. Other processes may share the CPU:
+the 1-minute load average is recorded with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from curvopt.curvature.fgn_ops import affine_gram, margin_logit_gradient
+from curvopt.models.linear_head import linear_head
+from curvopt.objective import Objective
+from curvopt.optim.fgn import FGN
+from curvopt.optim.sgn import SGN
+
+TARGETS = {  # (numerator, denominator, C, bound)
+    "fgn_affine / sgn @1024 <= 0.2": ("fgn_affine", "sgn", 1024, 0.2),
+    "fgn_affine / sgn @4096 <= 0.15": ("fgn_affine", "sgn", 4096, 0.15),
+    "fgn_affine / adam @1024 <= 1.2": ("fgn_affine", "adam", 1024, 1.2),
+    "fgn_affine / adam @4096 <= 1.0": ("fgn_affine", "adam", 4096, 1.0),
+    "fgn_generic / sgn <= 1.2 (every C)": ("fgn_generic", "sgn", None, 1.2),
+}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_one(
+    c: int, b: int, d: int, warmup: int, repeats: int, device: torch.device, compile_: bool
+) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+    num_batches = 4
+    xs = torch.randn(num_batches, b, d, generator=g).to(device)
+    ys = torch.randint(0, c, (num_batches, b), generator=g).to(device)
+    counter = {"i": 0}
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        i = counter["i"] = (counter["i"] + 1) % num_batches
+        return xs[i], ys[i]
+
+    out: dict[str, float] = {}
+
+    def fresh() -> Objective:
+        torch.manual_seed(0)
+        return Objective(linear_head(d, c).to(device), "cross_entropy")
+
+    for fused in (False, True):
+        obj = fresh()
+        opt = torch.optim.Adam(obj.model.parameters(), lr=3e-4, fused=fused)
+
+        def adam_step(obj=obj, opt=opt) -> None:
+            x, y = batch()
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(obj.model(x), y).backward()
+            opt.step()
+
+        out[f"adam_fused={fused}"] = timed(adam_step, warmup, repeats, device)
+    out["adam"] = min(out["adam_fused=False"], out["adam_fused=True"])
+
+    obj = fresh()
+    params = obj.params()
+    v = {k: torch.randn_like(p) for k, p in params.items()}
+    x0, y0 = xs[0], ys[0]
+    out["ggn_vp_objective"] = timed(lambda: obj.ggn_vp(params, x0, y0, v), warmup, repeats, device)
+    sgn_probe = SGN(obj)
+    _, _, operator = sgn_probe.ggn_operator(params, x0, y0)
+    flat_v = torch.cat([t.reshape(-1) for t in v.values()])
+    operator(flat_v)  # builds the linearisation's pushforward
+    out["ggn_vp_linearised"] = timed(lambda: operator(flat_v), warmup, repeats, device)
+
+    with torch.no_grad():
+        a = margin_logit_gradient(obj.model(x0), y0)
+    out["gram_two_matmuls"] = timed(lambda: affine_gram(x0, a), warmup, repeats, device)
+
+    for name, make in (
+        ("sgn", lambda o: SGN(o)),
+        ("fgn_generic", lambda o: FGN(o, implementation="generic")),
+        ("fgn_affine", lambda o: FGN(o, implementation="affine")),
+    ) + (
+        (
+            (
+                "fgn_affine_compiled",
+                lambda o: FGN(o, implementation="affine", compile=True, cg_early_exit=False),
+            ),
+        )
+        if compile_
+        else ()
+    ):
+        obj = fresh()
+        algo = make(obj)
+        out[name] = timed(lambda algo=algo: algo.step(batch()), warmup, repeats, device)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--classes", type=int, nargs="+", default=[196, 1024, 4096])
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--dim", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd closed-form FGN")
+    parser.add_argument("--out", default="results/benchmarks")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    load_before = os.getloadavg()[0]
+    results = {}
+    for c in args.classes:
+        results[c] = bench_one(c, args.batch_size, args.dim, args.warmup, args.repeats, device, args.compile)
+        print(f"C={c}: " + ", ".join(f"{k}={1e3 * v:.1f}ms" for k, v in results[c].items()), flush=True)
+    load_after = os.getloadavg()[0]
+
+    cols = [k for k in next(iter(results.values())) if k != "adam"]
+    print(
+        f"\nStep-time ratios relative to Adam (fused={_fused_choice(results)}), b={args.batch_size}, D={args.dim}, {device}"
+    )
+    print(f"{'C':>6} | " + " | ".join(f"{k:>20}" for k in cols))
+    for c, r in results.items():
+        print(f"{c:>6} | " + " | ".join(f"{r[k] / r['adam']:20.3f}" for k in cols))
+    print("\nFGN relative to SGN:")
+    for c, r in results.items():
+        print(
+            f"  C={c}: fgn_affine/sgn = {r['fgn_affine'] / r['sgn']:.3f}, fgn_generic/sgn = {r['fgn_generic'] / r['sgn']:.3f}"
+        )
+    checks = {}
+    for label, (num, den, c, bound) in TARGETS.items():
+        cs = [c] if c is not None else list(results)
+        if any(k not in results for k in cs):
+            continue
+        values = [results[k][num] / results[k][den] for k in cs]
+        checks[label] = {"value": max(values), "pass": max(values) <= bound}
+    print("\nTargets:")
+    for label, res in checks.items():
+        print(f"  {'PASS' if res['pass'] else 'FAIL'}  {label}: {res['value']:.3f}")
+    print(
+        f"(1-min load average: {load_before:.2f} before, {load_after:.2f} after; {torch.get_num_threads()} threads)"
+    )
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "host": platform.node(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "b": args.batch_size,
+        "D": args.dim,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "load_avg_1min": [load_before, load_after],
+        "seconds": {str(c): r for c, r in results.items()},
+        "ratios_to_adam": {str(c): {k: r[k] / r["adam"] for k in r} for c, r in results.items()},
+        "targets": checks,
+    }
+    (out / "bench_fgn.json").write_text(json.dumps(record, indent=2))
+    _plot(results, out / "bench_fgn.png", record["device"])
+    print(f"wrote {out / 'bench_fgn.json'} and {out / 'bench_fgn.png'}")
+
+
+def _fused_choice(results: dict[int, dict[str, float]]) -> str:
+    picks = {r["adam_fused=True"] <= r["adam_fused=False"] for r in results.values()}
+    return "True" if picks == {True} else ("False" if picks == {False} else "per-C fastest")
+
+
+def _plot(results: dict[int, dict[str, float]], path: Path, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = sorted(results)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, style in (
+        ("sgn", "s-"),
+        ("fgn_generic", "^-"),
+        ("fgn_affine", "D-"),
+        ("fgn_affine_compiled", "D--"),
+        ("ggn_vp_objective", "x:"),
+        ("gram_two_matmuls", "o:"),
+    ):
+        if key in results[cs[0]]:
+            ax.plot(cs, [results[c][key] / results[c]["adam"] for c in cs], style, label=key)
+    ax.axhline(1.0, color="black", lw=0.8, label="Adam step")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("classes C")
+    ax.set_ylabel("time / Adam step")
+    ax.set_title(f"FGN benchmark (b=512, D=2048) — {device}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

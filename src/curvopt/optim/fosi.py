@@ -694,11 +694,15 @@ def build_fosi(
 
     ``ese_batch`` is ``fixed`` (one batch of ``ese_batch_size`` drawn from ``data.train`` with
     ``ese_seed``, used at every ESE: the authors' setup) or ``current`` (the step's batch).
-    ``variant`` applies a preset from :data:`VARIANTS` under the explicit options. The remaining
+    ``variant`` applies a preset from :data:`VARIANTS`; explicit non-null options win over it. The remaining
     options go to :class:`FOSI` (k, l, alpha, ese_period, ese_warmup, lr_clip, …)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
-    options = {**VARIANTS[variant], **fosi_options}
+    # a null variant key (alpha, lr_clip, newton_momentum) means "the variant's value, else the
+    # class default"; other keys keep null (ese_period: null = a single ESE)
+    variant_keys = {key for preset in VARIANTS.values() for key in preset}
+    explicit = {k: v for k, v in fosi_options.items() if not (k in variant_keys and v is None)}
+    options = {**VARIANTS[variant], **explicit}
     if "ese_batch_mode" in options:
         raise ValueError("use `ese_batch: fixed|current` in the config, not ese_batch_mode")
     base_opt = make_base_optimizer(

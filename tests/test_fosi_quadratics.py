@@ -1,0 +1,164 @@
+"""The quadratic experiments (experiments/fosi_quadratics): the batched update rules equal the
+library FOSI (variant "quadratic") and torch's base optimizers; problem construction; records and
+figures from records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from curvopt.optim.fosi import FOSI, VARIANTS
+from curvopt.training.records import read_metrics
+
+QDIR = Path(__file__).resolve().parents[1] / "experiments" / "fosi_quadratics"
+sys.path.insert(0, str(QDIR))
+import quadratics as q  # noqa: E402
+
+
+def _load(name: str):
+    """The drivers under a unique module name (other experiments also have a ``figures.py``)."""
+    spec = importlib.util.spec_from_file_location(f"fosi_quadratics_{name}", QDIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return q.q1_problem(40, 20.0)
+
+
+@pytest.mark.parametrize(
+    "rule,make_base",
+    [
+        ("fosi_hb", lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9)),
+        ("fosi_gd", lambda ps, lr: torch.optim.SGD(ps, lr=lr)),
+        ("fosi_adam", lambda ps, lr: torch.optim.Adam(ps, lr=lr)),
+    ],
+)
+def test_quadratic_rules_equal_library_fosi_quadratic_variant(problem, rule, make_base):
+    """The authors' quadratic update rules are the library's FOSI with EMA Newton momentum,
+    α = 1 and c = ∞ (c = 1 for Adam): same trajectory to round-off."""
+    p = problem
+    e = q.ese(p, k=5)
+    base = q.base_lr(rule, p.eigenvalues)
+    lr = base * e.scale if rule != "fosi_adam" else base
+    ref = q.run_batch(p.H, p.theta0, rule, 40, lr, eigenvalues=e.eigenvalues, eigenvectors=e.eigenvectors)[
+        0, 0
+    ]
+    theta = nn.Parameter(p.theta0.clone())
+    fosi = FOSI(
+        make_base([theta], base),
+        lambda ps, b: 0.5 * ps[0] @ p.H @ ps[0],
+        0,
+        k=5,
+        ese_period=None,
+        ese_warmup=0,
+        num_iters=20,
+        **VARIANTS["quadratic"],
+    )
+    fs = [float(p.f(theta.detach()))]
+    for _ in range(40):
+        fosi.zero_grad()
+        (0.5 * theta @ p.H @ theta).backward()
+        fosi.step()
+        fs.append(float(p.f(theta.detach())))
+    torch.testing.assert_close(torch.tensor(fs, dtype=F64), ref, rtol=1e-8, atol=0)
+
+
+@pytest.mark.parametrize(
+    "rule,make",
+    [
+        ("hb", lambda ps: torch.optim.SGD(ps, lr=0.02, momentum=0.9)),
+        ("gd", lambda ps: torch.optim.SGD(ps, lr=0.02)),
+        ("adam", lambda ps: torch.optim.Adam(ps, lr=0.02)),
+    ],
+)
+def test_base_rules_equal_torch_optimizers(problem, rule, make):
+    p = problem
+    ref = q.run_batch(p.H, p.theta0, rule, 30, 0.02)[0, 0]
+    theta = nn.Parameter(p.theta0.clone())
+    opt = make([theta])
+    fs = [float(p.f(theta.detach()))]
+    for _ in range(30):
+        opt.zero_grad()
+        (0.5 * theta @ p.H @ theta).backward()
+        opt.step()
+        fs.append(float(p.f(theta.detach())))
+    torch.testing.assert_close(torch.tensor(fs, dtype=F64), ref, rtol=1e-10, atol=0)
+
+
+def test_batched_runs_equal_single_runs(problem):
+    """Lockstep batching over rules, learning rates and momenta changes nothing."""
+    p = problem
+    e = q.ese(p, k=5)
+    rules = ["gd", "fosi_hb", "adam", "fosi_adam"]
+    lrs = torch.tensor([0.01, 0.02, 0.03, 0.04], dtype=F64)
+    betas = torch.tensor([0.8, 0.85, 0.9, 0.95], dtype=F64)
+    batched = q.run_batch(
+        p.H, p.theta0, rules, 25, lrs, betas, eigenvalues=e.eigenvalues, eigenvectors=e.eigenvectors
+    )[0]
+    for i, rule in enumerate(rules):
+        single = q.run_batch(
+            p.H,
+            p.theta0,
+            rule,
+            25,
+            float(lrs[i]),
+            float(betas[i]),
+            eigenvalues=e.eigenvalues,
+            eigenvectors=e.eigenvectors,
+        )[0, 0]
+        torch.testing.assert_close(batched[i], single, rtol=1e-12, atol=0)
+
+
+def test_problems_have_the_papers_spectra():
+    p1 = q.q1_problem(30, 50.0)
+    ev = torch.linalg.eigvalsh(p1.H).flip(0)
+    torch.testing.assert_close(ev[:3], torch.tensor([50.0, 1.0, 1 / 1.5], dtype=F64), rtol=1e-10, atol=0)
+    assert float(p1.eigenvalues[-1]) == pytest.approx(1.5**-28)
+    p2 = q.q2_problem()
+    ev2 = torch.linalg.eigvalsh(p2.H)
+    assert float(ev2[-1]) == pytest.approx(10.0) and float(ev2[0]) == pytest.approx(0.01)
+    p3 = q.q3_problem(1.12, 50)
+    expected = torch.tensor([1e-3 * 1.12**i for i in range(100)], dtype=F64)
+    torch.testing.assert_close(torch.linalg.eigvalsh(p3.H), expected, rtol=1e-8, atol=1e-12)
+    assert not torch.allclose(p3.H, torch.diag(torch.diagonal(p3.H)))  # rotated block
+    # θ₀ = Q x₀′ with x₀′[1] = 1 along the second-smallest eigenvector
+    _, vecs = torch.linalg.eigh(p3.H)
+    coords = vecs.T @ p3.theta0
+    assert float(coords[1].abs()) == pytest.approx(1.0) and float(coords[5].abs()) == pytest.approx(0.5)
+    bs, zetas = q.q3_grid()
+    assert len(bs) == 20 and len(zetas) == 26
+
+
+def test_fig4_records_and_figure(tmp_path):
+    figures, run = _load("figures"), _load("run")
+    run.main(["q2", "--results-dir", str(tmp_path / "res")])
+    runs = figures.load_summaries(tmp_path / "res", "q2_fig4")
+    assert {s["setting"]["optimizer"] for s in runs} == {"gd", "fosi_gd"}
+    for s in runs:
+        rows = read_metrics(s["_dir"] / "metrics.jsonl")
+        assert [r["step"] for r in rows] == list(range(251))
+        assert rows[-1]["f"] == s["f_final"]
+        assert (s["_dir"] / "config.yaml").exists()
+    by = {s["setting"]["optimizer"]: s for s in runs}
+    # Fig. 4's message: FOSI-GD is far below GD early on although κ̃ = 1e5 > κ = 1e3
+    gd, fosi = figures.curve(by["gd"]), figures.curve(by["fosi_gd"])
+    assert gd[0] == fosi[0] and fosi[10] < 0.2 * gd[10] and fosi[250] < gd[250]
+    assert by["fosi_gd"]["setting"]["effective_condition_number"] == pytest.approx(1e5)
+    path, values = figures.fig4(tmp_path / "res", tmp_path / "fig")
+    assert path.exists() and path.stat().st_size > 10_000
+    assert {(v["optimizer"], v["iteration"]) for v in values} >= {("GD", 250), ("FOSI-GD", 0)}
+    summary = json.loads((by["gd"]["_dir"] / "summary.json").read_text())
+    assert math.isfinite(summary["f_final"])

@@ -156,3 +156,15 @@ def test_affine_gram_equals_dense_jacobian_gram():
     with torch.no_grad():
         a_nb = margin_logit_gradient(nob(x), y)
     torch.testing.assert_close(affine_gram(x, a_nb, bias=False), ref_nb.js @ ref_nb.js.T)
+
+
+def test_fused_margin_terms_match_the_separate_definitions():
+    from curvopt.curvature.fgn_ops import dispersion_from_gradient, margin_terms
+
+    z = torch.randn(6, 7, dtype=torch.float64) * 3
+    z[0, 2] = 400.0  # extreme logits stay finite
+    y = torch.tensor([2, 0, 6, 3, 3, 1])
+    s, a = margin_terms(z.clone(), y)
+    torch.testing.assert_close(s, true_vs_rest_margin(z, y))
+    torch.testing.assert_close(a, margin_logit_gradient(z, y))
+    torch.testing.assert_close(dispersion_from_gradient(a), dispersion(competitor_distribution(z, y)))

@@ -104,6 +104,26 @@ def margin_logit_gradient(logits: Tensor, y: Tensor) -> Tensor:
     return rho - true_class_mask(logits, y).to(rho.dtype)
 
 
+def margin_terms(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``(s, a)`` in one pass over the logits: margins and ``a = ∇_z s = ρ_full − e_y``.
+
+    ``ρ`` is ``exp(z_masked − logsumexp)`` (the same softmax as :func:`competitor_distribution`,
+    without a second reduction) and ``a`` is written in place of it: ``ρ_y = 0``, so setting the
+    true-class entry to −1 gives ``ρ − e_y`` exactly. The dispersion follows from ``a`` as
+    ``ξ = 2 − ‖a‖²`` (since ``‖a‖² = ‖ρ‖² + 1``)."""
+    mask = true_class_mask(logits, y)
+    competitors = logits.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(competitors, dim=1)
+    s = lse - logits.gather(1, y[:, None]).squeeze(1)
+    a = competitors.sub_(lse[:, None]).exp_().masked_fill_(mask, -1.0)
+    return s, a
+
+
+def dispersion_from_gradient(a: Tensor) -> Tensor:
+    """``ξ = 1 − ‖ρ‖² = 2 − ‖a‖²`` for ``a = ρ − e_y``."""
+    return 2.0 - (a * a).sum(dim=-1)
+
+
 def dispersion(rho: Tensor) -> Tensor:
     """``ξ_i = 1 − ‖ρ_i‖²`` (paper 3.6): 0 for one-hot ρ, at most ``1 − 1/(C−1)``; ``p_† ξ`` is the
     trace of the logit-space curvature FGN drops."""

@@ -39,14 +39,12 @@ from curvopt.curvature.fgn_ops import (
     MARGIN_CLAMP,
     affine_gram,
     check_classification_batch,
-    competitor_distribution,
-    dispersion,
+    dispersion_from_gradient,
     fgn_weights,
     linear_maps,
     log_breakdown,
+    margin_terms,
     row_space_cg,
-    true_class_mask,
-    true_vs_rest_margin,
 )
 from curvopt.objective import Objective
 from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
@@ -109,9 +107,8 @@ def affine_fgn_direction(
     del weight  # the Gram needs only features and logit-space vectors
     b = h.shape[0]
     with torch.no_grad():
-        s = true_vs_rest_margin(z, y)
-        rho = competitor_distribution(z, y)
-        a = rho - true_class_mask(z, y).to(rho.dtype)
+        s, a = margin_terms(z, y)
+        xi = dispersion_from_gradient(a)
         sqrt_q, r_tilde = fgn_weights(s, clamp)
         gram = affine_gram(h, a, sqrt_q, bias=bias is not None)
         shift = b * damping
@@ -121,7 +118,6 @@ def affine_fgn_direction(
 
         u, info = row_space_cg(operator, r_tilde, tol=tol, maxiter=maxiter, early_exit=early_exit)
         ku = gram @ u
-        xi = dispersion(rho)
         stats = {
             "loss": F.softplus(s).mean(),
             "cg_iters": info["iters"],
@@ -131,7 +127,7 @@ def affine_fgn_direction(
             "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
             "step_norm": torch.sqrt(torch.dot(u, ku).clamp_min(0)),  # ‖d‖² = uᵀKu
         }
-        ca = (sqrt_q * u)[:, None] * a
+        ca = a.mul_((sqrt_q * u)[:, None])  # c ∘ A, in place: A is not needed any more
     return ca, stats
 
 
@@ -240,9 +236,7 @@ class FGN(AlgorithmBase):
         check_classification_batch(z, y)
         b = z.shape[0]
         with torch.no_grad():
-            s = true_vs_rest_margin(z, y)
-            rho = competitor_distribution(z, y)
-            a = rho - true_class_mask(z, y).to(rho.dtype)  # ∇_z s: the margin map is a·z per row
+            s, a = margin_terms(z, y)  # a = ∇_z s: the margin map's JVP/VJP are a·(logit JVP/VJP)
             sqrt_q, r_tilde = fgn_weights(s, self.margin_clamp)
         shift = b * self.damping
 
@@ -262,7 +256,7 @@ class FGN(AlgorithmBase):
             back = margin_vjp(sqrt_q * u)  # −d = J̃ᵀu
             for name, p in params.items():
                 p.add_(back[name], alpha=-self.lr)
-            xi = dispersion(rho)
+            xi = dispersion_from_gradient(a)
             stats = {
                 "loss": F.softplus(s).mean(),
                 "cg_iters": info["iters"],

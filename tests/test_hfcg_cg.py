@@ -15,6 +15,15 @@ from curvopt.curvature.cg import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny problems: intra-op threads only add contention on the shared 2-core box (10-100x)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _spd(n: int, cond: float = 100.0, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))

@@ -123,6 +123,9 @@ def _pcg_iterations(
     rz = _dot(r, z)
     p = z.clone()
     for i in range(1, maxiter + 1):
+        if rnorms[-1] == 0.0:
+            # exact solution reached (possible in float64 on tiny systems): stop, nothing to do
+            return x, i - 1, "converged", rnorms
         if not (rz > 0 and math.isfinite(rz)):
             # r ≠ 0 but rᵀM⁻¹r ≤ 0: the preconditioner is not positive definite (or overflow)
             return x, i - 1, "breakdown", rnorms

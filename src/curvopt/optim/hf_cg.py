@@ -1,0 +1,489 @@
+"""Martens (2010) Hessian-free optimisation with CG — the SHF-LSMR paper's baseline.
+
+Reproduces the behaviour of Martens' public MATLAB code (``nnet_train_2.m`` with
+``conjgrad_1.m``) as summarised in shared/specs/shf_lsmr.md §3.3; no code is copied. One outer
+iteration:
+
+1. Gradient ``g`` of the objective ``F(w) = mean_i l_i(w) + ½·wc·‖w_weights‖²`` on the **full
+   training set** (chunked passes), and in the same passes the diagonal empirical Fisher
+   ``mean_i (∇l_i)²`` (per-example squared gradients, never materialised: the ``(A²)ᵀ(Δ²)``
+   identity for MLPs, chunked ``vmap`` otherwise).
+2. Preconditioner ``M = (diag EF + λ + wc·mask)^0.75`` (Martens' exponent).
+3. Martens' CG (:func:`curvopt.curvature.cg.martens_cg`) on ``(G_c + wc·mask + λI) p = −g`` where
+   ``G_c`` is the Gauss-Newton of the mean loss on one of ``numchunks`` fixed chunks of the
+   (once permuted) training set, cycled in order ("hybrid mode"); warm start ``0.95 ×`` the
+   previous final CG iterate; φ-progress stopping; iterates stored at ``ceil(5·1.3^j)``.
+4. CG-backtracking: walk the stored iterates from last to first while ``F`` on the full
+   training set keeps decreasing; take the best.
+5. ρ on the curvature chunk: ``(F_c(w+p) − F_c(w)) / (gᵀp + ½pᵀ(G_c + wc·mask)p)`` (undamped
+   model, full-set g), ``ρ = −∞`` if the chunk objective went up; ``ρ < 0.25`` or NaN ⇒ ``λ·3/2``,
+   ``ρ > 0.75`` ⇒ ``λ·2/3``.
+6. Armijo line search on the full training set: rate 1, ``c = 1e-2``, rate ×0.8, at most 60
+   reductions, then the step is rejected.
+
+The loop's batch is ignored (HF-CG reads ``data.train`` itself); :meth:`HFCG.next_batch_size`
+returns the curvature-chunk size so the logged batch size is the curvature batch (Figure 3).
+Martens' model is a logistic autoencoder with a *linear* code layer and logits output trained
+with ``sigmoid_bce``; the reported error (squared error on ``sigmoid(logits)``) is the loop's
+evaluation, not this module's business.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import grad, vmap
+
+from curvopt.curvature.cg import MartensCGResult, martens_cg
+from curvopt.objective import Objective, Params, flatten, output_hessian_vp, per_example_loss, unflatten
+from curvopt.training.algorithm import Batch, DataBundle
+
+log = logging.getLogger(__name__)
+
+PRECONDITIONERS = ("empirical_fisher", "none")
+CURVATURE_PRODUCTS = ("linearize", "jvp")
+
+
+# -- pieces that are tested on their own --------------------------------------------------------
+def weight_mask(params: Params) -> Tensor:
+    """Flat 0/1 mask of the parameters the L2 weight cost applies to: weights (``dim ≥ 2``), not
+    biases — as in Martens' code (``maskp``)."""
+    return torch.cat(
+        [
+            torch.full((p.numel(),), 1.0 if p.dim() >= 2 else 0.0, dtype=p.dtype, device=p.device)
+            for p in params.values()
+        ]
+    )
+
+
+def update_damping(
+    lam: float, rho: float, boost: float = 1.5, drop: float = 2.0 / 3.0, low: float = 0.25, high: float = 0.75
+) -> float:
+    """Levenberg-Marquardt rule of Martens' code: ``ρ < low`` or NaN ⇒ ``λ·boost``; ``ρ > high``
+    ⇒ ``λ·drop``; otherwise unchanged."""
+    if math.isnan(rho) or rho < low:
+        return lam * boost
+    if rho > high:
+        return lam * drop
+    return lam
+
+
+def _sequential_linear(model: nn.Module) -> bool:
+    """True if the model is an ``nn.Sequential`` whose only parameters live in ``nn.Linear``
+    layers (every other child parameter-free and elementwise in practice) — then the per-example
+    squared-gradient sums have the closed form used in :func:`gradient_moments`."""
+    if not isinstance(model, nn.Sequential):
+        return False
+    for child in model:
+        if isinstance(child, nn.Linear):
+            continue
+        if any(True for _ in child.parameters()):
+            return False
+    return True
+
+
+def _moments_sequential(
+    objective: Objective, params: Params, x: Tensor, y: Tensor, want_sq: bool
+) -> tuple[float, dict[str, Tensor], dict[str, Tensor] | None]:
+    """Sum of per-example losses, of their gradients and of their squared gradients, for an
+    ``nn.Sequential`` MLP, from one forward and one backward.
+
+    With ``a_i`` the input of a linear layer and ``δ_i = ∂l_i/∂z_i`` the gradient at its output
+    (only example i's loss depends on ``z_i``), ``∇_W l_i = δ_i a_iᵀ``, so
+    ``Σ_i ∇_W l_i = Δᵀ A`` and ``Σ_i (∇_W l_i)² = (Δ²)ᵀ (A²)``; for the bias ``Σ δ_i`` and ``Σ δ_i²``.
+    """
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    inputs: dict[str, Tensor] = {}
+    outs: dict[str, Tensor] = {}
+    with torch.enable_grad():
+        h = x
+        for idx, child in enumerate(objective.model):
+            if isinstance(child, nn.Linear):
+                name = str(idx)
+                weight = leaves[f"{name}.weight"]
+                bias = leaves.get(f"{name}.bias")
+                inputs[name] = h.detach()
+                h = F.linear(h, weight, bias)
+                outs[name] = h
+            else:
+                h = child(h)
+        total = per_example_loss(h, y, objective.loss_kind, objective.ignore_index).sum()
+        names = list(outs)
+        deltas = torch.autograd.grad(total, [outs[n] for n in names])
+    gsum: dict[str, Tensor] = {}
+    gsq: dict[str, Tensor] | None = {} if want_sq else None
+    for name, delta in zip(names, deltas):
+        a = inputs[name]
+        gsum[f"{name}.weight"] = delta.T @ a
+        if f"{name}.bias" in leaves:
+            gsum[f"{name}.bias"] = delta.sum(0)
+        if gsq is not None:
+            d2 = delta * delta
+            gsq[f"{name}.weight"] = d2.T @ (a * a)
+            if f"{name}.bias" in leaves:
+                gsq[f"{name}.bias"] = d2.sum(0)
+    return float(total.detach()), gsum, gsq
+
+
+def _moments_vmap(
+    objective: Objective, params: Params, x: Tensor, y: Tensor, want_sq: bool, max_elements: int
+) -> tuple[float, dict[str, Tensor], dict[str, Tensor] | None]:
+    """Generic fallback: per-example gradients by ``vmap(grad)`` in sub-chunks of at most
+    ``max_elements`` gradient entries, summed and squared-summed on the fly."""
+    numel = sum(p.numel() for p in params.values())
+    sub = max(1, max_elements // max(numel, 1))
+
+    def one(p: Params, xi: Tensor, yi: Tensor) -> Tensor:
+        out = objective.forward(p, xi.unsqueeze(0))
+        return per_example_loss(out, yi.unsqueeze(0), objective.loss_kind, objective.ignore_index).sum()
+
+    per_grad = vmap(grad(one), in_dims=(None, 0, 0))
+    gsum = {k: torch.zeros_like(v) for k, v in params.items()}
+    gsq = {k: torch.zeros_like(v) for k, v in params.items()} if want_sq else None
+    total = 0.0
+    with torch.no_grad():
+        total = float(objective.per_example_losses(params, x, y).sum())
+    for i in range(0, x.shape[0], sub):
+        g = per_grad(params, x[i : i + sub], y[i : i + sub])
+        for k, gk in g.items():
+            gsum[k] += gk.sum(0)
+            if gsq is not None:
+                gsq[k] += (gk * gk).sum(0)
+    return total, gsum, gsq
+
+
+def gradient_moments(
+    objective: Objective,
+    params: Params,
+    x: Tensor,
+    y: Tensor,
+    chunk: int = 10000,
+    want_sq: bool = True,
+    max_vmap_elements: int = 1 << 25,
+) -> tuple[float, Tensor, Tensor | None]:
+    """``(Σ_i l_i, Σ_i ∇l_i, Σ_i (∇l_i)²)`` over all rows of ``x``, flat in ``params`` order.
+
+    Processed in chunks of ``chunk`` rows so the full training set never sits in one graph; the
+    squared sums never materialise all per-example gradients (see the two helpers).
+    """
+    exact = _sequential_linear(objective.model)
+    loss_sum = 0.0
+    gsum_flat: Tensor | None = None
+    gsq_flat: Tensor | None = None
+    for i in range(0, x.shape[0], chunk):
+        xb, yb = x[i : i + chunk], y[i : i + chunk]
+        if exact:
+            ls, gs, gq = _moments_sequential(objective, params, xb, yb, want_sq)
+        else:
+            ls, gs, gq = _moments_vmap(objective, params, xb, yb, want_sq, max_vmap_elements)
+        loss_sum += ls
+        g_flat = flatten([gs[k] for k in params])
+        gsum_flat = g_flat if gsum_flat is None else gsum_flat.add_(g_flat)
+        if gq is not None:
+            q_flat = flatten([gq[k] for k in params])
+            gsq_flat = q_flat if gsq_flat is None else gsq_flat.add_(q_flat)
+    assert gsum_flat is not None
+    return loss_sum, gsum_flat, gsq_flat
+
+
+class HFCG:
+    """Martens' Hessian-free optimiser with CG (an ``Algorithm``; see the module docstring)."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        data: DataBundle,
+        initlambda: float = 45.0,
+        boost: float = 1.5,
+        drop: float = 2.0 / 3.0,
+        rho_low: float = 0.25,
+        rho_high: float = 0.75,
+        weight_cost: float = 2e-5,
+        numchunks: int = 4,
+        shuffle: bool = True,
+        cg_maxiter: int = 250,
+        cg_miniter: int = 1,
+        cg_decay: float = 0.95,
+        cg_progress_tol: float = 5e-4,
+        cg_gap_ratio: float = 0.1,
+        cg_min_gap: int = 10,
+        preconditioner: str = "empirical_fisher",
+        precon_exponent: float = 0.75,
+        cg_backtracking: bool = True,
+        line_search: bool = True,
+        ls_c: float = 1e-2,
+        ls_factor: float = 0.8,
+        ls_max_reductions: int = 60,
+        eval_chunk: int = 10000,
+        curvature_products: str = "linearize",
+        seed: int = 0,
+    ) -> None:
+        if preconditioner not in PRECONDITIONERS:
+            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
+        if curvature_products not in CURVATURE_PRODUCTS:
+            raise ValueError(f"curvature_products must be one of {CURVATURE_PRODUCTS}")
+        if data.train is None:
+            raise ValueError("HF-CG needs an in-memory training split (full-set gradient and line search)")
+        if numchunks < 1 or cg_maxiter < 1 or eval_chunk < 1:
+            raise ValueError("numchunks, cg_maxiter and eval_chunk must be >= 1")
+        self.objective = objective
+        self.x_train, self.y_train = data.train
+        self.num_train = data.num_train
+        if numchunks > self.num_train:
+            raise ValueError(f"numchunks={numchunks} exceeds the {self.num_train} training examples")
+        self.cfg = dict(
+            boost=boost,
+            drop=drop,
+            rho_low=rho_low,
+            rho_high=rho_high,
+            weight_cost=float(weight_cost),
+            numchunks=int(numchunks),
+            cg_maxiter=int(cg_maxiter),
+            cg_miniter=int(cg_miniter),
+            cg_decay=float(cg_decay),
+            cg_progress_tol=float(cg_progress_tol),
+            cg_gap_ratio=float(cg_gap_ratio),
+            cg_min_gap=int(cg_min_gap),
+            preconditioner=preconditioner,
+            precon_exponent=float(precon_exponent),
+            cg_backtracking=bool(cg_backtracking),
+            line_search=bool(line_search),
+            ls_c=float(ls_c),
+            ls_factor=float(ls_factor),
+            ls_max_reductions=int(ls_max_reductions),
+            eval_chunk=int(eval_chunk),
+            curvature_products=curvature_products,
+        )
+        # the training cases are permuted once; chunk c is a fixed contiguous slice of that order
+        device = self.x_train.device
+        if shuffle:
+            perm = torch.randperm(self.num_train, generator=torch.Generator().manual_seed(int(seed)))
+        else:
+            perm = torch.arange(self.num_train)
+        self.perm = perm.to(device)
+        # -- state (all in state_dict) --------------------------------------------------------------
+        self.lam = float(initlambda)
+        self.chunk_index = 0
+        self.iteration = 0
+        self.prev_solution: Tensor | None = None  # final CG iterate of the last solve (undecayed)
+
+    # -- protocol ------------------------------------------------------------------------------------
+    def _chunk_indices(self, c: int) -> Tensor:
+        return torch.tensor_split(self.perm, self.cfg["numchunks"])[c]
+
+    def next_batch_size(self) -> int | None:
+        return int(self._chunk_indices(self.chunk_index).numel())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "lam": self.lam,
+            "chunk_index": self.chunk_index,
+            "iteration": self.iteration,
+            "prev_solution": None if self.prev_solution is None else self.prev_solution.detach().clone(),
+            "perm": self.perm.detach().cpu().clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lam = float(state["lam"])
+        self.chunk_index = int(state["chunk_index"])
+        self.iteration = int(state["iteration"])
+        device = self.x_train.device
+        prev = state["prev_solution"]
+        self.prev_solution = None if prev is None else prev.detach().clone().to(device)
+        self.perm = state["perm"].clone().to(device)
+
+    # -- objective pieces ------------------------------------------------------------------------------
+    def _trial(self, params: Params, d: Tensor, s: float = 1.0) -> Params:
+        dd = unflatten(d, params)
+        return {k: torch.add(v, dd[k], alpha=s) for k, v in params.items()}
+
+    def _weight_cost_term(self, w_flat: Tensor, mask: Tensor) -> float:
+        wm = w_flat * mask
+        return 0.5 * self.cfg["weight_cost"] * float(torch.dot(wm.double(), wm.double()))
+
+    @torch.no_grad()
+    def _data_loss(self, params: Params, x: Tensor, y: Tensor) -> float:
+        """Mean per-example loss over the rows of ``x`` (chunked forward passes)."""
+        total = 0.0
+        chunk = self.cfg["eval_chunk"]
+        for i in range(0, x.shape[0], chunk):
+            total += float(
+                self.objective.per_example_losses(params, x[i : i + chunk], y[i : i + chunk]).sum()
+            )
+        return total / x.shape[0]
+
+    def _objective_value(self, params: Params, mask: Tensor, x: Tensor, y: Tensor) -> float:
+        """``F(w) = mean loss + ½·wc·‖w_weights‖²``; +inf when not finite (a failed trial)."""
+        value = self._data_loss(params, x, y) + self._weight_cost_term(flatten(params), mask)
+        return value if math.isfinite(value) else math.inf
+
+    def _ggn_operator(self, params: Params, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
+        """Flat ``v ↦ G v`` for the mean loss on the chunk (no damping, no weight cost).
+
+        ``linearize`` caches the forward pass once per outer iteration and reuses it for every CG
+        product; ``jvp`` recomputes it per product (less memory).
+        """
+        n = float(x.shape[0])
+        kind, obj = self.objective.loss_kind, self.objective
+        if self.cfg["curvature_products"] == "jvp":
+            return lambda v: flatten(obj.ggn_vp(params, x, y, unflatten(v, params)))
+        with warnings.catch_warnings():
+            # torch.func.linearize's constant folding warns about a get_attr node; harmless here
+            warnings.filterwarnings("ignore", message="Attempted to insert a get_attr Node")
+            outputs, jvp_fn, vjp_fn = obj.linearize(params, x)
+        outputs = outputs.detach()
+
+        def gv(v: Tensor) -> Tensor:
+            jv = jvp_fn(unflatten(v, params))
+            hjv = output_hessian_vp(outputs, jv, kind, y)
+            return flatten(vjp_fn(hjv)).div_(n)
+
+        return gv
+
+    # -- one outer iteration -----------------------------------------------------------------------------
+    def step(self, batch: Batch) -> dict[str, Any]:  # noqa: C901 - Martens' outer iteration, in order
+        del batch  # HF-CG works on data.train: full-set gradient, its own curvature chunks
+        cfg = self.cfg
+        wc = cfg["weight_cost"]
+        params = self.objective.params()
+        w_flat = flatten(params)
+        mask = weight_mask(params)
+        x_tr, y_tr = self.x_train, self.y_train
+        timers: dict[str, float] = {}
+
+        # 1. full-set gradient and empirical-Fisher diagonal
+        t = time.perf_counter()
+        want_sq = cfg["preconditioner"] == "empirical_fisher"
+        loss_sum, gsum, gsq = gradient_moments(
+            self.objective, params, x_tr, y_tr, chunk=cfg["eval_chunk"], want_sq=want_sq
+        )
+        n_train = self.num_train
+        f0_data = loss_sum / n_train
+        f0 = f0_data + self._weight_cost_term(w_flat, mask)
+        g = gsum.div_(n_train).add_(w_flat * mask, alpha=wc)
+        timers["grad_time"] = time.perf_counter() - t
+
+        # 2. preconditioner (diag EF + λ + wc·mask)^0.75, with the λ of this iteration
+        precond = None
+        if gsq is not None:
+            precond = (gsq.div_(n_train) + self.lam + wc * mask).pow_(cfg["precon_exponent"])
+
+        # 3. Martens CG on the damped GN of the current chunk
+        t = time.perf_counter()
+        chunk = self.chunk_index
+        idx = self._chunk_indices(chunk)
+        xc, yc = x_tr[idx], y_tr[idx]
+        gv = self._ggn_operator(params, xc, yc)
+        lam = self.lam
+
+        def damped(v: Tensor) -> Tensor:
+            return gv(v).add_(v * mask, alpha=wc).add_(v, alpha=lam)
+
+        x0 = None if self.prev_solution is None else self.prev_solution * cfg["cg_decay"]
+        res: MartensCGResult = martens_cg(
+            damped,
+            -g,
+            x0=x0,
+            precond=precond,
+            maxiter=cfg["cg_maxiter"],
+            miniter=cfg["cg_miniter"],
+            progress_tol=cfg["cg_progress_tol"],
+            gap_ratio=cfg["cg_gap_ratio"],
+            min_gap=cfg["cg_min_gap"],
+        )
+        finite = bool(torch.isfinite(res.x).all())
+        self.prev_solution = res.x.detach().clone() if finite else None
+        timers["cg_time"] = time.perf_counter() - t
+
+        # 4. CG-backtracking over the stored iterates on the full training set
+        t = time.perf_counter()
+        stored = res.stored
+        pos = len(stored) - 1
+        f_best = self._objective_value(self._trial(params, stored[pos][1]), mask, x_tr, y_tr)
+        evals = 1
+        if cfg["cg_backtracking"]:
+            for j in range(len(stored) - 2, -1, -1):
+                f_j = self._objective_value(self._trial(params, stored[j][1]), mask, x_tr, y_tr)
+                evals += 1
+                if f_j > f_best:
+                    break
+                f_best, pos = f_j, j
+        p = stored[pos][1]
+        timers["backtrack_time"] = time.perf_counter() - t
+
+        # 5. ρ on the curvature chunk with the undamped model; LM damping update
+        t = time.perf_counter()
+        gp = float(torch.dot(g.double(), p.double()))
+        pgp = float(torch.dot(p.double(), (gv(p) + wc * mask * p).double()))
+        denom = gp + 0.5 * pgp
+        fc0 = self._objective_value(params, mask, xc, yc)
+        fc1 = self._objective_value(self._trial(params, p), mask, xc, yc)
+        if fc1 > fc0 or not math.isfinite(fc1):
+            rho = -math.inf
+        elif denom < 0 and math.isfinite(denom):
+            rho = (fc1 - fc0) / denom
+        else:
+            rho = math.nan  # model predicts no decrease: treated like Martens' NaN (λ boosted)
+        self.lam = update_damping(lam, rho, cfg["boost"], cfg["drop"], cfg["rho_low"], cfg["rho_high"])
+        timers["rho_time"] = time.perf_counter() - t
+
+        # 6. Armijo line search on the full training set (starts from the backtracking value)
+        t = time.perf_counter()
+        rate, reductions, accepted = 1.0, 0, False
+        f_rate = f_best
+        if not cfg["line_search"]:
+            accepted = math.isfinite(f_rate)
+        else:
+            while True:
+                if math.isfinite(f_rate) and f_rate <= f0 + cfg["ls_c"] * rate * gp:
+                    accepted = True
+                    break
+                if reductions >= cfg["ls_max_reductions"] - 1:
+                    break
+                rate *= cfg["ls_factor"]
+                reductions += 1
+                f_rate = self._objective_value(self._trial(params, p, rate), mask, x_tr, y_tr)
+        if accepted:
+            self.objective.set_params(self._trial(params, p, rate))
+            f_after = f_rate
+        else:
+            rate, f_after = 0.0, f0
+            log.info("HF-CG iteration %d: line search failed; step rejected", self.iteration + 1)
+        timers["line_search_time"] = time.perf_counter() - t
+
+        self.iteration += 1
+        self.chunk_index = (chunk + 1) % cfg["numchunks"]
+        return {
+            "loss": f0_data,
+            "objective": f0,
+            "objective_after": f_after,
+            "grad_norm": float(torch.linalg.vector_norm(g)),
+            "damping": lam,
+            "damping_next": self.lam,
+            "inner_iters": res.iterations,
+            "inner_stop": res.stop_reason,
+            "cg_phi": res.phi[-1] if res.phi else math.nan,
+            "cg_backtrack_index": stored[pos][0],
+            "cg_backtrack_steps": len(stored) - 1 - pos,
+            "full_evals": evals + reductions,
+            "step_length": rate,
+            "ls_reductions": reductions,
+            "accepted": int(accepted),
+            "rho": rho,
+            "chunk_index": chunk,
+            "chunk_size": int(idx.numel()),
+            **timers,
+        }
+
+
+def build_hf_cg(objective: Objective, data: DataBundle, **cfg: Any) -> HFCG:
+    """Factory the loop calls (``conf/optimizer/hf_cg.yaml``)."""
+    return HFCG(objective, data, **cfg)

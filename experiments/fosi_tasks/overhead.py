@@ -1,0 +1,152 @@
+"""FOSI's runtime overhead per task against the paper's design target ρ = 1.1 (spec §2.9).
+
+For each task (with its data available) and base optimizer (HB, Adam) it measures, on the task's
+model and batch size at the chosen profile:
+
+* τ₁: one step of the base optimizer (median over ``--steps`` after warm-up);
+* τ₂: one FOSI step between ESEs (a basis installed, no ESE due);
+* τ₃: one ESE (Lanczos with m HVPs on the ESE batch);
+
+and reports the amortised ratio ρ(T) = (τ₂ + τ₃/T)/τ₁ at the paper's T = 800 and at the T of the
+profile, with the period T* = τ₃/(1.1·τ₁ − τ₂) that would meet ρ = 1.1 (eq. 8).
+
+    python experiments/fosi_tasks/overhead.py --profile quick --tasks lr ae lm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import analysis  # noqa: E402
+from run import data_problem  # noqa: E402
+
+from curvopt.objective import Objective  # noqa: E402
+from curvopt.runs import REPO_ROOT, experiment_config  # noqa: E402
+from curvopt.training.build import apply_optimizer_variant, build_algorithm, build_data, build_model  # noqa: E402
+
+CONF_DIR = REPO_ROOT / "conf"
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return apply_optimizer_variant(hydra_compose(config_name="config", overrides=overrides))
+
+
+def _median_step_time(algorithm, batches, warmup: int, device: torch.device) -> float:
+    times = []
+    for i, batch in enumerate(batches):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        algorithm.step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(task: analysis.Task, base: str, profile: str, steps: int, device: str) -> dict:
+    fosi_name = f"fosi_{base}"
+    common = [
+        f"experiment={experiment_config(task.experiment, profile)}",
+        "logger=none",
+        f"trainer.device={device}",
+    ]
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
+    out = {"task": task.key, "base": base, "profile": profile, "device": str(dev)}
+    cfg = compose([*common, f"optimizer={base}"])
+    torch.manual_seed(0)
+    data = build_data(cfg, torch.float32, dev)
+    bs = int(cfg.trainer.batch_size)
+    x, y = data.train
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(steps + 3):
+        idx = torch.randperm(x.shape[0], generator=gen)[:bs].to(x.device)
+        batches.append((x[idx], y[idx]))
+    model, loss = build_model(cfg, torch.float32, dev)
+    algo = build_algorithm(cfg.optimizer, Objective(model, loss), data)
+    out["tau1_s"] = _median_step_time(algo, batches, 3, dev)
+
+    cfg = compose([*common, f"optimizer={fosi_name}"])
+    profile_T = int(cfg.optimizer.ese_period)
+    cfg.optimizer.ese_warmup = 10**9  # no ESE inside the timed steps
+    torch.manual_seed(0)
+    model, loss = build_model(cfg, torch.float32, dev)
+    algo = build_algorithm(cfg.optimizer, Objective(model, loss), data)
+    fosi = algo.fosi
+    algo.step(batches[0])  # state exists before the basis is installed
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    result = fosi.run_ese()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    out["tau3_s"] = time.perf_counter() - t0
+    out["ese_ok"] = result is not None
+    out["tau2_s"] = _median_step_time(algo, batches, 3, dev)
+    t1, t2, t3 = out["tau1_s"], out["tau2_s"], out["tau3_s"]
+    out["num_params"] = fosi.n
+    out["profile_T"] = profile_T
+    out["rho_T800"] = (t2 + t3 / 800) / t1
+    out["rho_profile_T"] = (t2 + t3 / profile_T) / t1
+    out["step_ratio"] = t2 / t1
+    out["ese_in_steps"] = t3 / t1
+    denom = 1.1 * t1 - t2
+    out["T_for_rho_1.1"] = t3 / denom if denom > 0 else float("inf")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default="quick", choices=["quick", "paper"])
+    p.add_argument("--tasks", nargs="+", default=list(analysis.TASKS), choices=list(analysis.TASKS))
+    p.add_argument("--bases", nargs="+", default=["heavy_ball", "adam"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared CPU)")
+    p.add_argument("--out", default=str(REPO_ROOT / "results" / "tables"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data_dir = Path(os.environ.get("CURVOPT_DATA_DIR", REPO_ROOT / "data"))
+    rows = []
+    for key in args.tasks:
+        task = analysis.TASKS[key]
+        problem = data_problem(task, data_dir)
+        if problem is not None:
+            print(f"[skip {key}] {problem.splitlines()[0]}")
+            continue
+        for base in args.bases:
+            row = measure(task, base, args.profile, args.steps, args.device)
+            rows.append(row)
+            print(
+                f"{key.upper():3s} {base:10s} n={row['num_params']:>8d} tau1={1e3 * row['tau1_s']:8.2f} ms "
+                f"tau2={1e3 * row['tau2_s']:8.2f} ms tau3={row['tau3_s']:7.2f} s (= {row['ese_in_steps']:.0f} steps) "
+                f"rho(T=800)={row['rho_T800']:.3f} rho(T={row['profile_T']})={row['rho_profile_T']:.3f} "
+                f"T*(rho=1.1)={row['T_for_rho_1.1']:.0f}",
+                flush=True,
+            )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fosi_overhead_{args.profile}.json"
+    path.write_text(json.dumps(rows, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

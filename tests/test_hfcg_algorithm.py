@@ -116,7 +116,8 @@ def test_one_step_recovers_least_squares_minimiser():
     assert out["damping_next"] == pytest.approx(1e-12 * 2 / 3)
 
 
-def test_cg_solution_solves_dense_damped_gauss_newton_system():
+@pytest.mark.parametrize("products", ["mlp", "linearize", "jvp"])
+def test_cg_solution_solves_dense_damped_gauss_newton_system(products):
     model = _tiny_ae()
     obj = Objective(model, "sigmoid_bce")
     data = _tiny_data(n=40)
@@ -132,6 +133,7 @@ def test_cg_solution_solves_dense_damped_gauss_newton_system():
         cg_maxiter=400,
         cg_progress_tol=0.0,
         seed=3,
+        curvature_products=products,
     )
     idx = algo._chunk_indices(0)
     algo.step((x[:2], x[:2]))

@@ -43,13 +43,14 @@ from torch import Tensor, nn
 from torch.func import grad, vmap
 
 from curvopt.curvature.cg import MartensCGResult, martens_cg
+from curvopt.curvature.mlp_gn import MLPGaussNewton, mlp_layers
 from curvopt.objective import Objective, Params, flatten, output_hessian_vp, per_example_loss, unflatten
 from curvopt.training.algorithm import Batch, DataBundle
 
 log = logging.getLogger(__name__)
 
 PRECONDITIONERS = ("empirical_fisher", "none")
-CURVATURE_PRODUCTS = ("linearize", "jvp")
+CURVATURE_PRODUCTS = ("auto", "mlp", "linearize", "jvp")
 
 
 # -- pieces that are tested on their own --------------------------------------------------------
@@ -223,7 +224,7 @@ class HFCG:
         ls_factor: float = 0.8,
         ls_max_reductions: int = 60,
         eval_chunk: int = 10000,
-        curvature_products: str = "linearize",
+        curvature_products: str = "auto",
         seed: int = 0,
     ) -> None:
         if preconditioner not in PRECONDITIONERS:
@@ -326,14 +327,32 @@ class HFCG:
         return value if math.isfinite(value) else math.inf
 
     def _ggn_operator(self, params: Params, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
-        """Flat ``v ↦ G v`` for the mean loss on the chunk (no damping, no weight cost).
+        """Flat ``v ↦ G v`` for the mean loss on the chunk: ``(1/n) Jᵀ H_out J v`` (no damping, no
+        weight cost), built once per outer iteration and reused by every CG product.
 
-        ``linearize`` caches the forward pass once per outer iteration and reuses it for every CG
-        product; ``jvp`` recomputes it per product (less memory).
+        ``mlp`` (``auto`` picks it for plain ``nn.Sequential`` MLPs): the hand-written cached
+        J/Jᵀ products of :class:`~curvopt.curvature.mlp_gn.MLPGaussNewton` (the network Jacobian
+        does not depend on the loss; each carries 1/√n, so the pair gives the 1/n); ``linearize``:
+        ``torch.func.linearize`` + a kept ``vjp`` graph (any model; pays a trace per iteration);
+        ``jvp``: recompute the forward in every product (least memory).
         """
-        n = float(x.shape[0])
+        n = x.shape[0]
         kind, obj = self.objective.loss_kind, self.objective
-        if self.cfg["curvature_products"] == "jvp":
+        mode = self.cfg["curvature_products"]
+        plan = mlp_layers(obj.model, params) if mode in ("auto", "mlp") else None
+        if mode == "mlp" and plan is None:
+            raise ValueError("curvature_products='mlp' needs an nn.Sequential of Linear + activations")
+        if plan is not None:
+            # the residual target is irrelevant for J; a zero target of the output's shape
+            dummy = torch.zeros(n, plan[-1].shape[0], dtype=x.dtype, device=x.device)
+            gn = MLPGaussNewton(Objective(obj.model, "squared_error"), params, x.reshape(n, -1), dummy)
+            out_mlp = gn.output  # (n, m_out), as the module's forward returns it for flat inputs
+
+            def gv_mlp(v: Tensor) -> Tensor:
+                return gn.vjp(output_hessian_vp(out_mlp, gn.jvp(v), kind, y))
+
+            return gv_mlp
+        if mode == "jvp":
             return lambda v: flatten(obj.ggn_vp(params, x, y, unflatten(v, params)))
         with warnings.catch_warnings():
             # torch.func.linearize's constant folding warns about a get_attr node; harmless here
@@ -344,7 +363,7 @@ class HFCG:
         def gv(v: Tensor) -> Tensor:
             jv = jvp_fn(unflatten(v, params))
             hjv = output_hessian_vp(outputs, jv, kind, y)
-            return flatten(vjp_fn(hjv)).div_(n)
+            return flatten(vjp_fn(hjv)).div_(float(n))
 
         return gv
 

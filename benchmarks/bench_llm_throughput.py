@@ -12,7 +12,7 @@ with ``t_refresh`` timed on refresh steps (the first step, and steps of a run wi
 
 Builds each method from the same composed config as a run (``experiment=alice_c4`` for ``tiny``,
 ``alice_c4_<size>_paper`` for the paper sizes) with a random-token batch of the profile's shape:
-tiny = 16 × 128 (2 micro-batches), 60M on the CPU = 4 × 256 (one micro-batch; the paper's
+tiny = 8 × 128 (2 micro-batches), 60M on the CPU = 4 × 256 (one micro-batch; the paper's
 512 × 256 is the same per-token work, 128× longer). Other processes may share the CPU: the
 record keeps the load average. Writes ``results/benchmarks/llm_throughput.json``.
 """
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "experiments" / "alice_llm"))
 from specs import method_by_key  # noqa: E402
 
 METHODS = ["adam", "racs", "alice", "alice0", "galore", "fira"]
-SHAPES = {"tiny": (16, 128, 8), "60m": (4, 256, None), "130m": (4, 256, None)}  # batch, length, micro
+SHAPES = {"tiny": (8, 128, 4), "60m": (4, 256, None), "130m": (4, 256, None)}  # batch, length, micro
 REFRESH_KEYS = ("update_proj_gap", "update_interval", "proj_gap", "K")
 
 

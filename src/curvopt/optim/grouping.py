@@ -178,3 +178,128 @@ def describe(
         "method_params": n_method,
         "adam_params": n_adam,
     }
+
+
+# ----------------------------------------------------------------------------- memory accounting
+
+# Table 7 / 9 / 11 ranks per LLaMA size (GaLore, Fira, APOLLO-svd and Alice use the same r).
+PAPER_RANKS = {"60m": 128, "130m": 256, "350m": 256, "1b": 512}
+TABLE3_METHODS = ("adam", "galore", "fira", "apollo_mini", "apollo_svd", "racs", "alice0", "alice")
+
+
+def method_state_numel(method: str, shape: tuple[int, int], rank: int = 128) -> dict[str, tuple[int, bool]]:
+    """State tensors our optimizer (or the official package) allocates for one weight matrix of
+    ``shape`` (as ``nn.Linear`` stores it): ``name -> (elements, stored in fp32 regardless of the
+    parameter dtype)``. Mirrors the constructors; the tests compare it with instantiated state."""
+    from curvopt.optim import lowrank
+
+    if method in ("adam", "adamw"):
+        m, n = shape
+        return {"exp_avg": (m * n, False), "exp_avg_sq": (m * n, False)}
+    if method == "racs":
+        return {k: (v, k == "phi") for k, v in RACS.state_numel(shape).items()}
+    if method in ("alice", "alice0"):
+        betas = (0.9, 0.9, 0.999 if method == "alice" else 0.0)
+        return {
+            k: (v, k in ("Qt", "phi")) for k, v in Alice.state_numel(shape, rank=rank, betas=betas).items()
+        }
+    if method in ("galore", "apollo_svd"):
+        return {k: (v, False) for k, v in lowrank.projected_state_numel(shape, rank).items()}
+    if method == "fira":
+        return {k: (v, False) for k, v in lowrank.fira_state_numel(shape, rank).items()}
+    if method in ("apollo", "apollo_mini"):
+        return {
+            k: (v, False)
+            for k, v in lowrank.apollo_state_numel(shape, 1 if method == "apollo_mini" else rank).items()
+        }
+    raise ValueError(f"no state layout for {method!r}")
+
+
+def paper_state_units(method: str, shape: tuple[int, int], rank: int) -> int:
+    """Spec §8.2's per-matrix state count in BF16 elements (m = smaller, n = larger side), the
+    formula that reproduces the paper's Table 3 (Alice counts Q̃ as 2r², APOLLO-Mini 2n + 2)."""
+    m, n = sorted(shape)
+    r = min(rank, m)
+    if method in ("adam", "adamw"):
+        return 2 * m * n
+    if method in ("galore", "fira", "apollo_svd"):
+        return 2 * n * r + m * r
+    if method == "alice0":
+        return 2 * n * r + m * r + n
+    if method == "alice":
+        return 2 * n * r + m * r + n + 2 * r * r
+    if method == "racs":
+        return m + n + 1
+    if method == "apollo_mini":
+        return 2 * n + 2
+    raise ValueError(f"no paper formula for {method!r}")
+
+
+def estimate_memory(
+    size: str,
+    method: str,
+    lm_head_adam: bool,
+    rank: int | None = None,
+    param_bytes: int = 2,
+    accounting: str = "state",
+) -> dict[str, float]:
+    """Estimated bytes of weights + Adam states of the Adam group + the method's states of the
+    method group for a GaLore LLaMA size (spec §7.4a/§8.2), from the config alone.
+
+    ``accounting="state"`` sums our optimizers' own state shapes (:func:`method_state_numel`,
+    fp32 tensors at 4 bytes); ``"paper"`` uses the §8.2 formula. ``method="adam"`` puts everything
+    on Adam. Returns bytes by component and the total in GiB (the paper's "G")."""
+    from curvopt.models.llama import llama_size, matrix_shapes, other_param_numel
+
+    spec = llama_size(size)
+    rank = rank if rank is not None else PAPER_RANKS.get(size.lower(), 128)
+    mats = matrix_shapes(spec, lm_head=True)
+    blocks = [s for name, s in mats if not name.startswith("lm_head")]
+    head = next(s for name, s in mats if name.startswith("lm_head"))
+    other = sum(other_param_numel(spec).values())
+    weights = other + sum(a * b for a, b in blocks) + head[0] * head[1]
+    adam_numel = other + (head[0] * head[1] if (lm_head_adam or method in ("adam", "adamw")) else 0)
+    method_mats = list(blocks) + ([] if (lm_head_adam or method in ("adam", "adamw")) else [head])
+    if method in ("adam", "adamw"):
+        adam_numel = weights
+        method_mats = []
+
+    def state_bytes(shape: tuple[int, int]) -> int:
+        if accounting == "paper":
+            return param_bytes * paper_state_units(method, shape, rank)
+        layout = method_state_numel(method, shape, rank)
+        return sum(n * (4 if fp32 else param_bytes) for n, fp32 in layout.values())
+
+    out = {
+        "weights": weights * param_bytes,
+        "adam_states": 2 * adam_numel * param_bytes,
+        "method_states": sum(state_bytes(s) for s in method_mats),
+    }
+    out["total"] = out["weights"] + out["adam_states"] + out["method_states"]
+    out["total_gib"] = out["total"] / 2**30
+    return out
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of every tensor reachable from ``optimizer.state`` (including tensors held by the
+    official packages' projector objects), each storage counted once."""
+    seen: set[int] = set()
+
+    def walk(obj: Any, depth: int = 0) -> int:
+        if depth > 4:
+            return 0
+        if isinstance(obj, torch.Tensor):
+            key = obj.untyped_storage().data_ptr() if obj.device.type != "meta" else id(obj)
+            if key in seen:
+                return 0
+            seen.add(key)
+            return obj.numel() * obj.element_size()
+        if isinstance(obj, dict):
+            return sum(walk(v, depth + 1) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(walk(v, depth + 1) for v in obj)
+        if hasattr(obj, "__dict__") and not isinstance(obj, type):
+            return sum(walk(v, depth + 1) for v in vars(obj).values())
+        return 0
+
+    return sum(walk(st) for st in optimizer.state.values())

@@ -4,7 +4,8 @@
     python benchmarks/bench_fgn.py --classes 196 --repeats 10 --compile
 
 Everything runs in one process on the same data, one C at a time; each entry is the median of
-``--repeats`` timed steps after ``--warmup`` steps (steady state). Besides whole steps it times the
+``--repeats`` timed steps after ``--warmup`` steps (steady state), and the entries are timed
+round-robin so that a changing machine load hits them alike. Besides whole steps it times the
 two pieces the brief's reference figures are about: one full-softmax GGN·v through ``torch.func``
 (``Objective.ggn_vp``, and SGN's own linearised operator) and the two b×b Gram matmuls of the
 closed form. Adam is ``torch.optim.Adam`` with ``fused=True`` and ``False``; the faster one is the
@@ -46,18 +47,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
+def timed_interleaved(
+    fns: dict[str, object], warmup: int, repeats: int, device: torch.device
+) -> dict[str, float]:
+    """Median seconds per call of every ``fn``, timed round-robin (one call of each per round) so
+    that a fluctuating machine load affects all entries alike and ratios stay meaningful."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     _sync(device)
-    times = []
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bench_one(
@@ -67,63 +74,59 @@ def bench_one(
     num_batches = 4
     xs = torch.randn(num_batches, b, d, generator=g).to(device)
     ys = torch.randint(0, c, (num_batches, b), generator=g).to(device)
-    counter = {"i": 0}
 
-    def batch() -> tuple[torch.Tensor, torch.Tensor]:
-        i = counter["i"] = (counter["i"] + 1) % num_batches
-        return xs[i], ys[i]
-
-    out: dict[str, float] = {}
+    def batches():
+        i = 0
+        while True:
+            i = (i + 1) % num_batches
+            yield xs[i], ys[i]
 
     def fresh() -> Objective:
         torch.manual_seed(0)
         return Objective(linear_head(d, c).to(device), "cross_entropy")
 
+    fns = {}
     for fused in (False, True):
-        obj = fresh()
+        obj, stream = fresh(), batches()
         opt = torch.optim.Adam(obj.model.parameters(), lr=3e-4, fused=fused)
 
-        def adam_step(obj=obj, opt=opt) -> None:
-            x, y = batch()
+        def adam_step(obj=obj, opt=opt, stream=stream) -> None:
+            x, y = next(stream)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(obj.model(x), y).backward()
             opt.step()
 
-        out[f"adam_fused={fused}"] = timed(adam_step, warmup, repeats, device)
-    out["adam"] = min(out["adam_fused=False"], out["adam_fused=True"])
+        fns[f"adam_fused={fused}"] = adam_step
 
     obj = fresh()
     params = obj.params()
     v = {k: torch.randn_like(p) for k, p in params.items()}
     x0, y0 = xs[0], ys[0]
-    out["ggn_vp_objective"] = timed(lambda: obj.ggn_vp(params, x0, y0, v), warmup, repeats, device)
-    sgn_probe = SGN(obj)
-    _, _, operator = sgn_probe.ggn_operator(params, x0, y0)
+    fns["ggn_vp_objective"] = lambda: obj.ggn_vp(params, x0, y0, v)
+    _, _, operator = SGN(obj).ggn_operator(params, x0, y0)
     flat_v = torch.cat([t.reshape(-1) for t in v.values()])
-    operator(flat_v)  # builds the linearisation's pushforward
-    out["ggn_vp_linearised"] = timed(lambda: operator(flat_v), warmup, repeats, device)
-
+    fns["ggn_vp_linearised"] = lambda: operator(flat_v)  # SGN's operator on flat vectors
     with torch.no_grad():
         a = margin_logit_gradient(obj.model(x0), y0)
-    out["gram_two_matmuls"] = timed(lambda: affine_gram(x0, a), warmup, repeats, device)
+    fns["gram_two_matmuls"] = lambda: affine_gram(x0, a)
 
-    for name, make in (
+    makers = [
         ("sgn", lambda o: SGN(o)),
         ("fgn_generic", lambda o: FGN(o, implementation="generic")),
         ("fgn_affine", lambda o: FGN(o, implementation="affine")),
-    ) + (
-        (
+    ]
+    if compile_:
+        makers.append(
             (
                 "fgn_affine_compiled",
                 lambda o: FGN(o, implementation="affine", compile=True, cg_early_exit=False),
-            ),
+            )
         )
-        if compile_
-        else ()
-    ):
-        obj = fresh()
-        algo = make(obj)
-        out[name] = timed(lambda algo=algo: algo.step(batch()), warmup, repeats, device)
+    for name, make in makers:
+        algo, stream = make(fresh()), batches()
+        fns[name] = lambda algo=algo, stream=stream: algo.step(next(stream))
+    out = timed_interleaved(fns, warmup, repeats, device)
+    out["adam"] = min(out["adam_fused=False"], out["adam_fused=True"])
     return out
 
 
@@ -138,8 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd closed-form FGN")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", default="results/benchmarks")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     load_before = os.getloadavg()[0]
     results = {}

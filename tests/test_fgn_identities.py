@@ -150,6 +150,11 @@ def test_affine_gram_equals_dense_jacobian_gram():
     torch.testing.assert_close(affine_gram(x, a), ref.js @ ref.js.T, rtol=1e-10, atol=1e-12)
     sq = torch.sqrt(ref.q)
     torch.testing.assert_close(affine_gram(x, a, sq), (sq[:, None] * ref.js) @ (sq[:, None] * ref.js).T)
+    # the symmetric blocked evaluation gives the same matrix (uneven blocks included)
+    for blocks in (2, 3):
+        torch.testing.assert_close(
+            affine_gram(x, a, sq, blocks=blocks), affine_gram(x, a, sq), rtol=1e-12, atol=1e-14
+        )
     # without a bias the "+1" disappears
     nob = torch.nn.Linear(4, 6, bias=False).double()
     ref_nb = dense(nob, x, y)

@@ -59,7 +59,10 @@ def check_classification_batch(logits: Tensor, y: Tensor) -> None:
         )
     if y.numel() == 0:
         raise ValueError("empty batch")
-    flags = torch.stack([y.min() < 0, y.max() >= num_classes, ~torch.isfinite(logits).all()]).tolist()
+    lo, hi = torch.aminmax(logits)  # one pass; nan propagates, ±inf shows in the extremes
+    flags = torch.stack(
+        [y.min() < 0, y.max() >= num_classes, ~(torch.isfinite(lo) & torch.isfinite(hi))]
+    ).tolist()
     if flags[0] or flags[1]:
         raise ValueError(
             f"labels must lie in [0, {num_classes}); this batch has labels in "
@@ -121,7 +124,7 @@ def margin_terms(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 
 def dispersion_from_gradient(a: Tensor) -> Tensor:
     """``ξ = 1 − ‖ρ‖² = 2 − ‖a‖²`` for ``a = ρ − e_y``."""
-    return 2.0 - (a * a).sum(dim=-1)
+    return 2.0 - torch.linalg.vector_norm(a, dim=-1).square()
 
 
 def dispersion(rho: Tensor) -> Tensor:
@@ -142,19 +145,45 @@ def fgn_weights(s: Tensor, clamp: float = MARGIN_CLAMP) -> tuple[Tensor, Tensor]
 
 
 # -- closed-form affine head -----------------------------------------------------------------------
-def affine_gram(h: Tensor, a: Tensor, sqrt_q: Tensor | None = None, bias: bool = True) -> Tensor:
+def affine_gram(
+    h: Tensor, a: Tensor, sqrt_q: Tensor | None = None, bias: bool = True, blocks: int = 1
+) -> Tensor:
     """Row-space Gram of the margin map of ``z = W h + b`` (Appendix F.2).
 
     ``∂s_i/∂W = a_i h_iᵀ`` and ``∂s_i/∂b = a_i``, so ``(J Jᵀ)_ij = (h_iᵀh_j + 1)(a_iᵀa_j)``; the
     ``+1`` is the bias. With ``sqrt_q`` the whitened ``K = √q√qᵀ ∘ J Jᵀ`` is returned. Two matmuls,
     ``b²·D + b²·C``, and no autograd.
+
+    ``blocks > 1`` exploits symmetry, as a BLAS ``syrk`` would (PyTorch exposes none): the rows
+    are split into ``blocks`` groups and only the ``blocks(blocks+1)/2`` upper block pairs are
+    multiplied, each combined (``+1``, ``∘``, ``√q`` scaling) while it is small and mirrored into
+    the lower triangle. 4 blocks do 62.5 % of the multiply-adds, which pays on CPUs; on GPUs the
+    extra small kernels usually do not (keep 1).
     """
-    gram = h @ h.T
-    if bias:
-        gram.add_(1.0)
-    gram.mul_(a @ a.T)
-    if sqrt_q is not None:
-        gram.mul_(sqrt_q[:, None]).mul_(sqrt_q[None, :])
+    b = h.shape[0]
+    if blocks <= 1 or b < 2 * blocks:
+        gram = h @ h.T
+        if bias:
+            gram.add_(1.0)
+        gram.mul_(a @ a.T)
+        if sqrt_q is not None:
+            gram.mul_(sqrt_q[:, None]).mul_(sqrt_q[None, :])
+        return gram
+    gram = torch.empty(b, b, dtype=h.dtype, device=h.device)
+    bounds = [round(k * b / blocks) for k in range(blocks + 1)]
+    for i in range(blocks):
+        ri = slice(bounds[i], bounds[i + 1])
+        for j in range(i, blocks):
+            rj = slice(bounds[j], bounds[j + 1])
+            block = h[ri] @ h[rj].T
+            if bias:
+                block.add_(1.0)
+            block.mul_(a[ri] @ a[rj].T)
+            if sqrt_q is not None:
+                block.mul_(sqrt_q[ri, None]).mul_(sqrt_q[None, rj])
+            gram[ri, rj] = block
+            if j != i:
+                gram[rj, ri] = block.T
     return gram
 
 

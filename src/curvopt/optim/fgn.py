@@ -96,6 +96,7 @@ def affine_fgn_direction(
     maxiter: int,
     early_exit: bool = True,
     clamp: float = MARGIN_CLAMP,
+    gram_blocks: int = 1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Closed-form FGN row-space solve for ``z = h Wᵀ + b`` (Appendix F.2).
 
@@ -110,7 +111,7 @@ def affine_fgn_direction(
         s, a = margin_terms(z, y)
         xi = dispersion_from_gradient(a)
         sqrt_q, r_tilde = fgn_weights(s, clamp)
-        gram = affine_gram(h, a, sqrt_q, bias=bias is not None)
+        gram = affine_gram(h, a, sqrt_q, bias=bias is not None, blocks=gram_blocks)
         shift = b * damping
 
         def operator(v: Tensor) -> Tensor:
@@ -139,6 +140,8 @@ class FGN(AlgorithmBase):
     ``affine`` (error if the model is not a linear head). ``cg_early_exit=False`` runs all
     ``cg_maxiter`` iterations as masked no-ops once converged (compile-friendly). ``compile``
     wraps the closed-form solve in ``torch.compile`` (the paper timed JIT-compiled steps).
+    ``gram_blocks``: symmetric blocked Gram (see :func:`~curvopt.curvature.fgn_ops.affine_gram`);
+    ``auto`` = 4 on CPU, 1 on GPU.
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class FGN(AlgorithmBase):
         cg_early_exit: bool = True,
         margin_clamp: float = MARGIN_CLAMP,
         compile: bool = False,
+        gram_blocks: int | str = "auto",
     ) -> None:
         if objective.loss_kind != "cross_entropy":
             raise ValueError(
@@ -180,6 +184,10 @@ class FGN(AlgorithmBase):
         self._direction = affine_fgn_direction
         if compile and self.head is not None:
             self._direction = torch.compile(affine_fgn_direction, dynamic=False)
+        if gram_blocks == "auto":
+            device = next(objective.model.parameters()).device
+            gram_blocks = 4 if device.type == "cpu" else 1
+        self.gram_blocks = int(gram_blocks)
         self.steps = 0
 
     # -- the step ---------------------------------------------------------------------------------
@@ -221,6 +229,7 @@ class FGN(AlgorithmBase):
                 self.cg_maxiter,
                 self.cg_early_exit,
                 self.margin_clamp,
+                self.gram_blocks,
             )
             # w ← w + α d with d_W = −cAᵀh, d_b = −Σ cA: back-projection fused into the update
             head.weight.addmm_(ca.T, h, alpha=-self.lr)

@@ -86,6 +86,17 @@ def test_load_curves_like_generates_caches_and_labels_it(tmp_path, caplog):
     blocker.write_text("x")
     other = load_curves(str(blocker), cache_dir=str(tmp_path / "cache"), **kw)
     assert (tmp_path / "cache" / "curves_like").is_dir() and torch.equal(other.train[0], data.train[0])
+    # a data dir marked read-only (like the shared one) is never written to, even by root
+    ro = tmp_path / "readonly"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        load_curves(str(ro), cache_dir=str(tmp_path / "cache2"), **kw)
+        assert (
+            list(ro.iterdir()) == [] and len(list((tmp_path / "cache2" / "curves_like").glob("*.npz"))) == 1
+        )
+    finally:
+        ro.chmod(0o755)
 
 
 def test_load_curves_reads_real_file_when_present(tmp_path):

@@ -23,14 +23,16 @@ Generator (version ``GENERATOR_VERSION``):
 Splits follow the SHF spec (§3.1 [DECIDE]): train = the 20,000 ``bdata`` rows; the 10,000
 ``bdatatest`` rows are split at random (``split_seed``) into 8,000 test and 2,000 validation.
 The generator's 30,000 images play the roles of ``bdata`` (first 20,000) and ``bdatatest``.
-Generated sets are cached as ``.npz`` under ``<data_dir>/curves_like/`` (or ``cache_dir`` when the
-data directory is read-only).
+Generated sets are cached as ``.npz`` under ``<data_dir>/curves_like/``, or under
+``<cache_dir>/curves_like/`` when the data directory is read-only (its mode bits say so — the
+shared data directory is never written to, even by root).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -157,6 +159,18 @@ def read_curves_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _writable_dir(path: Path) -> bool:
+    """Whether ``path`` can be created/used for the cache.
+
+    A directory whose owner-write bit is off counts as read-only even for root (who could write
+    anyway): shared data directories are marked that way and must never receive generated files.
+    """
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+    if not probe.is_dir() or not (probe.stat().st_mode & stat.S_IWUSR) or not os.access(probe, os.W_OK):
+        return False
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path):

@@ -209,7 +209,7 @@ def martens_progress_stop(
     if i <= k:
         return False
     prev, cur = phi[i - k], phi[i]
-    if not prev < 0:
+    if not prev < 0 or cur == 0.0:
         return False
     return (cur - prev) / cur < k * tol
 

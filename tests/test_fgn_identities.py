@@ -169,7 +169,11 @@ def test_fused_margin_terms_match_the_separate_definitions():
     z = torch.randn(6, 7, dtype=torch.float64) * 3
     z[0, 2] = 400.0  # extreme logits stay finite
     y = torch.tensor([2, 0, 6, 3, 3, 1])
-    s, a = margin_terms(z.clone(), y)
+    z_copy = z.clone()
+    s, a = margin_terms(z_copy, y)
+    assert torch.equal(z_copy, z)  # not in place by default
     torch.testing.assert_close(s, true_vs_rest_margin(z, y))
+    s2, a2 = margin_terms(z_copy, y, inplace=True)
+    assert a2.data_ptr() == z_copy.data_ptr() and torch.equal(a2, a) and torch.equal(s2, s)
     torch.testing.assert_close(a, margin_logit_gradient(z, y))
     torch.testing.assert_close(dispersion_from_gradient(a), dispersion(competitor_distribution(z, y)))

@@ -107,19 +107,24 @@ def margin_logit_gradient(logits: Tensor, y: Tensor) -> Tensor:
     return rho - true_class_mask(logits, y).to(rho.dtype)
 
 
-def margin_terms(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """``(s, a)`` in one pass over the logits: margins and ``a = ∇_z s = ρ_full − e_y``.
+def margin_terms(logits: Tensor, y: Tensor, inplace: bool = False) -> tuple[Tensor, Tensor]:
+    """``(s, a)`` in few passes over the logits: margins and ``a = ∇_z s = ρ_full − e_y``.
 
-    ``ρ`` is ``exp(z_masked − logsumexp)`` (the same softmax as :func:`competitor_distribution`,
-    without a second reduction) and ``a`` is written in place of it: ``ρ_y = 0``, so setting the
-    true-class entry to −1 gives ``ρ − e_y`` exactly. The dispersion follows from ``a`` as
-    ``ξ = 2 − ‖a‖²`` (since ``‖a‖² = ‖ρ‖² + 1``)."""
-    mask = true_class_mask(logits, y)
-    competitors = logits.masked_fill(mask, float("-inf"))
-    lse = torch.logsumexp(competitors, dim=1)
-    s = lse - logits.gather(1, y[:, None]).squeeze(1)
-    a = competitors.sub_(lse[:, None]).exp_().masked_fill_(mask, -1.0)
-    return s, a
+    The true class is knocked out with a ``scatter`` of −inf (b entries, no b×C mask),
+    ``ρ = exp(z_masked − logsumexp)`` reuses the reduction that gives ``s`` (same values as
+    :func:`competitor_distribution`), and ``a`` is ``ρ`` with −1 scattered into the true class
+    (``ρ_y = 0``). The dispersion follows from ``a`` as ``ξ = 2 − ‖a‖²``. With ``inplace=True``
+    the logits tensor itself becomes ``a`` (the closed-form step owns its logits); otherwise it is
+    left untouched.
+    """
+    index = y[:, None]
+    true = logits.gather(1, index).squeeze(1)
+    a = logits if inplace else logits.clone()
+    a.scatter_(1, index, float("-inf"))
+    lse = torch.logsumexp(a, dim=1)
+    a.sub_(lse[:, None]).exp_()
+    a.scatter_(1, index, -1.0)
+    return lse - true, a
 
 
 def dispersion_from_gradient(a: Tensor) -> Tensor:

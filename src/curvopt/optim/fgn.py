@@ -102,13 +102,14 @@ def affine_fgn_direction(
 
     Returns ``(cA, stats)`` where ``cA = (√q ∘ u)[:, None] ∘ A`` (shape ``(b, C)``) gives the
     direction ``d_W = −cAᵀ h`` (``nn.Linear`` layout ``(C, D)``) and ``d_b = −Σ_i cA_i``. The
-    caller applies it fused into the update. Pure tensor code (no host sync when
-    ``early_exit=False``), so it can be compiled.
+    caller applies it fused into the update. ``z`` (the logits) is overwritten (it becomes ``cA``:
+    no b×C temporaries). Pure tensor code (no host sync when ``early_exit=False``), so it can be
+    compiled.
     """
     del weight  # the Gram needs only features and logit-space vectors
     b = h.shape[0]
     with torch.no_grad():
-        s, a = margin_terms(z, y)
+        s, a = margin_terms(z, y, inplace=True)  # z is consumed: it becomes a = ∇_z s
         xi = dispersion_from_gradient(a)
         sqrt_q, r_tilde = fgn_weights(s, clamp)
         gram = affine_gram(h, a, sqrt_q, bias=bias is not None, blocks=gram_blocks)

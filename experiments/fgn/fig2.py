@@ -165,6 +165,8 @@ def plot(folder: Path, figures: Path, profile: str) -> Path:
         timing = pd.DataFrame([json.loads(line) for line in timing_path.read_text().splitlines()])
         timing = timing[timing["status"] == "ok"]
         device = ", ".join(sorted(set(timing["device"].astype(str)))) if len(timing) else "?"
+        if "load_avg_1min" in timing and timing["load_avg_1min"].notna().any():
+            device += f", load {timing['load_avg_1min'].min():.1f}-{timing['load_avg_1min'].max():.1f}"
         per_cell = timing.groupby(["method", "C"])["ms_mean"].median().reset_index()
         for method in mechanism.METHODS:
             part = per_cell[per_cell["method"] == method].sort_values("C")

@@ -7,6 +7,7 @@ Pure computation; ``fig2.py`` turns the results into records and the figure.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from typing import Any
@@ -229,6 +230,7 @@ def time_cell(
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "host": platform.node(),
+        "load_avg_1min": os.getloadavg()[0],
         "adam_fused": bool(settings.get("adam_fused", True)) if method == "adam" else None,
         "compiled": bool(settings.get("compile", False)) if method == "fgn_affine" else False,
     }

@@ -164,7 +164,12 @@ def document_dataset(
             _missing_message(data_dir, f"no local '{split}' files and the hub is offline")
         )
     else:
-        ds = datasets.load_dataset(*HUB_DATASET, split=split, streaming=True).select_columns(["text"])
+        try:
+            ds = datasets.load_dataset(*HUB_DATASET, split=split, streaming=True).select_columns(["text"])
+        except Exception as err:  # no network, hub down, auth
+            raise DataNotFoundError(
+                _missing_message(data_dir, f"streaming {HUB_DATASET[0]} failed ({err!r})")
+            ) from None
         info = {"source": "hub", "files": [f"{HUB_DATASET[0]}:{HUB_DATASET[1]}:{split}"]}
     if shuffle_seed is not None:
         ds = ds.shuffle(seed=shuffle_seed + epoch, buffer_size=shuffle_buffer)

@@ -112,7 +112,11 @@ class MobileNetV1(nn.Module):
 
 
 def mobilenet_v1(
-    num_classes: int = 527, in_channels: int | None = None, input_layout: str = "faithful"
+    num_classes: int = 527,
+    in_channels: int | None = None,
+    input_layout: str = "faithful",
+    channels: tuple[int, ...] = CHANNELS,
+    strides: tuple[int, ...] = STRIDES,
 ) -> MobileNetV1:
     """Hydra builder (``conf/model/fosi_mobilenet.yaml``)."""
-    return MobileNetV1(num_classes, in_channels, input_layout)
+    return MobileNetV1(num_classes, in_channels, input_layout, tuple(channels), tuple(strides))

@@ -67,8 +67,9 @@ def ensure_runs(
 ) -> None:
     suffix = None if dataset == DEFAULT_DATASET[profile] else dataset
     extra = [] if suffix is None else [f"dataset={dataset}"]
-    for method in methods:
-        for seed in seeds:
+    # seed-major order: the methods' runs alternate, so a changing machine load hits them alike
+    for seed in seeds:
+        for method in methods:
             action, run_dir = ensure_run(
                 EXPERIMENT,
                 method,

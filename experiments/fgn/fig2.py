@@ -76,6 +76,8 @@ def run_timing(cfg: dict[str, Any], folder: Path, profile: str, force: bool = Fa
     import torch
 
     tc = dict(cfg["timing"])
+    if tc.get("threads"):
+        torch.set_num_threads(int(tc["threads"]))
     if tc.get("device", "cpu") == "auto":
         tc["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     records = folder / "timing.jsonl"

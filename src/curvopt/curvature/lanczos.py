@@ -63,7 +63,8 @@ class LanczosResult:
     ``eigenvalues[l]`` is λ̂_k. ``ritz_values`` holds all m Ritz values (ascending), from which
     ``ritz_values[0]`` estimates λ_n even when ℓ = 0. ``residual_bounds`` are the classical
     estimates β_m |s_{m,j}| of ‖A v̂_j − λ̂_j v̂_j‖ for the returned pairs (β_m from the three-term
-    recurrence of the last iteration).
+    recurrence of the last iteration). ``reorth_passes`` counts Gram-Schmidt passes against the
+    basis (each reads the i + 1 rows built so far twice).
     """
 
     eigenvalues: Tensor
@@ -72,6 +73,7 @@ class LanczosResult:
     residual_bounds: Tensor
     iterations: int
     restarts: int
+    reorth_passes: int
     k: int
     l: int  # noqa: E741  (the paper's ℓ)
 
@@ -183,6 +185,7 @@ def lanczos(
     betas = torch.zeros(max(m - 1, 0), dtype=f64)
     t_norm = 0.0  # running max of |α|, β: the scale breakdown is measured against
     restarts = 0
+    passes = 0  # Gram-Schmidt passes against the basis (cost: 2 reads of Q[: i + 1] each)
     beta_last = 0.0
     for i in range(m):
         qi = Q[i]
@@ -198,23 +201,30 @@ def lanczos(
         alphas[i] = alpha
         t_norm = max(t_norm, abs(alpha))
         basis = Q[: i + 1]
-        if reorth == "twice":
-            for _ in range(2):
-                w -= basis.T @ (basis @ w)
-        else:
-            w -= alpha * qi
-            if i > 0:
-                w -= float(betas[i - 1]) * Q[i - 1]
-            before = float(w.norm())
-            w -= basis.T @ (basis @ w)
-            after = float(w.norm())
-            if after < before / math.sqrt(2.0):
-                w -= basis.T @ (basis @ w)
         if i + 1 == m:
             # β_m for the residual estimates: the recurrence value, no re-orthogonalisation needed
+            w.add_(qi, alpha=-alpha)
+            if i > 0:
+                w.add_(Q[i - 1], alpha=-float(betas[i - 1]))
             beta_last = float(w.norm())
             break
-        beta = float(w.norm())
+        if reorth == "twice":
+            for _ in range(2):
+                w.addmv_(basis.T, basis @ w, alpha=-1.0)
+            passes += 2
+            beta = float(w.norm())
+        else:
+            w.add_(qi, alpha=-alpha)
+            if i > 0:
+                w.add_(Q[i - 1], alpha=-float(betas[i - 1]))
+            before = float(w.norm())
+            w.addmv_(basis.T, basis @ w, alpha=-1.0)
+            beta = float(w.norm())
+            passes += 1
+            if beta < before / math.sqrt(2.0):  # cancellation: one more pass (DGKS criterion)
+                w.addmv_(basis.T, basis @ w, alpha=-1.0)
+                beta = float(w.norm())
+                passes += 1
         if not math.isfinite(beta):
             raise LanczosError(f"non-finite value β = {beta} at Lanczos iteration {i}")
         t_norm = max(t_norm, beta)
@@ -223,14 +233,14 @@ def lanczos(
             restarts += 1
             w = random_vector()
             for _ in range(2):
-                w -= basis.T @ (basis @ w)
+                w.addmv_(basis.T, basis @ w, alpha=-1.0)
             w_norm = float(w.norm())
             if w_norm == 0.0:  # pragma: no cover - needs i + 1 == n, excluded by m ≤ n
                 raise LanczosError("cannot extend the Krylov basis after breakdown")
             Q[i + 1] = w / w_norm
             betas[i] = 0.0
         else:
-            Q[i + 1] = w / beta
+            torch.mul(w, 1.0 / beta, out=Q[i + 1])
             betas[i] = beta
     T = torch.diag(alphas)
     if m > 1:
@@ -251,6 +261,7 @@ def lanczos(
         residual_bounds=residuals,
         iterations=m,
         restarts=restarts,
+        reorth_passes=passes,
         k=k,
         l=l,
     )

@@ -141,11 +141,12 @@ def _ce(out, y):
     return mean_loss(out, y, "cross_entropy")
 
 
+@pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize("mode", ["forward_over_reverse", "reverse_over_reverse"])
-def test_flat_hvp_matches_dense_hessian(mode):
+def test_flat_hvp_matches_dense_hessian(mode, reuse):
     model, x, y = _tiny_mlp()
     H, params = _dense_hessian(model, _ce, x, y)
-    hvp = make_flat_hvp(model, _ce, params, (x, y), mode)
+    hvp = make_flat_hvp(model, _ce, params, (x, y), mode, reuse)
     V = torch.randn(H.shape[0], 3, dtype=F64)
     for j in range(3):
         torch.testing.assert_close(hvp(V[:, j]), H @ V[:, j], atol=1e-12, rtol=1e-10)

@@ -32,11 +32,16 @@ Implementation choices that matter for speed (benchmarks/bench_fosi.py):
   ``ρ·r + V̂ᵀa`` (a residual vector r from before the last ESE with a decaying scalar ρ, plus k+ℓ
   coefficients a): updating it costs O(k+ℓ) per step instead of two passes over n. It is
   materialised once per ESE, so — as in the authors' code — v̄ is not reset when V̂ changes.
-* **SGD fast path.** For ``torch.optim.SGD`` (GD or heavy ball, no weight decay, one lr/momentum
-  for all groups), V̂d_b is known without reading d_b: GD's d_b = −ηg₂ ⟂ V̂, and the heavy-ball
-  buffer's coefficients y = V̂m obey y ← βy because V̂g₂ = 0. The scale s is applied by scaling the
-  group lr for the base step (identical for HB/GD, as in the paper). ``fast_path=False`` forces the
-  generic path (tests check both agree).
+* **SGD fast path: two passes over V̂ per step.** For ``torch.optim.SGD`` (GD, heavy ball or
+  Nesterov; no weight decay; one lr/momentum for all groups) the base step is linear in its
+  input, so the base is fed the full g and the difference is corrected inside span(V̂): its
+  buffer m′ = m + V̂ᵀz differs from the true buffer m (built from g₂) by known coefficients. With
+  w = V̂m′ and y = V̂m (y ← βy since V̂g₂ = 0, w ← βw + (1−δ)c) the whole FOSI update is one
+  final ``θ += V̂ᵀ(coefficients)``: a step reads V̂ twice (V̂g and the update) instead of four times
+  and needs no copy of θ. The buffers are corrected to m (one pass) whenever V̂ changes, the path
+  is left, or :meth:`state_dict` is called. The scale s is applied by scaling the group lr for the
+  base step (identical for HB/GD, as in the paper). ``fast_path=False`` forces the generic path
+  (tests check both against the spec's formulas).
 """
 
 from __future__ import annotations
@@ -136,8 +141,9 @@ class FOSI(Optimizer):
         num_iters: int | None = None,
         seed: int = 0,
         fresh_start: bool = False,
-        reorth: str = "twice",
+        reorth: str = "dgks",
         hvp_mode: str = "forward_over_reverse",
+        hvp_reuse: bool = True,
         on_ese_failure: str = "base",
         debug: bool = False,
         fast_path: bool = True,
@@ -180,7 +186,7 @@ class FOSI(Optimizer):
         self.ese_warmup = (ese_period or 0) if ese_warmup is None else int(ese_warmup)
         self.ese_schedule, self.ese_batch_mode = ese_schedule, ese_batch_mode
         self.num_iters, self.seed, self.fresh_start = num_iters, int(seed), bool(fresh_start)
-        self.reorth, self.hvp_mode = reorth, hvp_mode
+        self.reorth, self.hvp_mode, self.hvp_reuse = reorth, hvp_mode, bool(hvp_reuse)
         self.on_ese_failure, self.debug, self.fast_path_enabled = on_ese_failure, bool(debug), bool(fast_path)
         self.ese_batch = ese_batch
         self.loss_fn = loss_fn
@@ -283,7 +289,9 @@ class FOSI(Optimizer):
         self._vel_res_scale = 0.0
         self._vel_res_proj = torch.zeros(r, dtype=self._dtype, device=self._device)
         self._vel_coef = torch.zeros(r, dtype=self._dtype, device=self._device)
-        self._mom_proj = torch.zeros(r, dtype=self._dtype, device=self._device)
+        self._mom_proj = torch.zeros(r, dtype=self._dtype, device=self._device)  # y = V̂m (true buffer)
+        self._mom_proj_fed = torch.zeros(r, dtype=self._dtype, device=self._device)  # w = V̂m′ (base's)
+        self._buffers_offset = False  # the base's buffers hold m′ = m + V̂ᵀ(w − y)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if getattr(self, "_initialising", True):
@@ -309,13 +317,15 @@ class FOSI(Optimizer):
     # -- ESE ---------------------------------------------------------------------------------------
     def _hvp(self, batch: Any) -> Callable[[Tensor], Tensor]:
         if self.model is not None:
-            return make_flat_hvp(self._hvp_model, self.loss_fn, self._named, batch, self.hvp_mode)
+            return make_flat_hvp(
+                self._hvp_model, self.loss_fn, self._named, batch, self.hvp_mode, self.hvp_reuse
+            )
         names, loss_fn = list(self._named), self.loss_fn
 
         def loss_of(p: dict[str, Tensor]) -> Tensor:
             return loss_fn([p[nm] for nm in names], batch)
 
-        return flat_hvp(loss_of, self._named, self.hvp_mode)
+        return flat_hvp(loss_of, self._named, self.hvp_mode, self.hvp_reuse)
 
     def run_ese(self, batch: Any = None) -> LanczosResult | None:
         """Estimate the extreme eigenpairs at the current parameters and install them.
@@ -368,7 +378,22 @@ class FOSI(Optimizer):
         self._install(eigenvectors.to(self._dtype, copy=True).contiguous(), eigenvalues.double(), None)
 
     @torch.no_grad()
+    def _sync_base_buffers(self) -> None:
+        """Turn the SGD fast path's buffers m′ = m + V̂ᵀ(w − y) back into the true m (one pass)."""
+        if not self._buffers_offset:
+            return
+        z = self._mom_proj_fed - self._mom_proj
+        if self.V is not None and bool(z.any()):
+            for b, p in zip(self._blocks, self._params):
+                buf = self.state.get(p, {}).get("momentum_buffer")
+                if buf is not None:
+                    _flat(buf).addmv_(b.T, z, alpha=-1.0)
+        self._mom_proj_fed = self._mom_proj.clone()
+        self._buffers_offset = False
+
+    @torch.no_grad()
     def _install(self, V: Tensor | None, lam: Tensor | None, result: LanczosResult | None) -> None:
+        self._sync_base_buffers()
         # materialise the velocity v̄ = ρ r + V_oldᵀ a before the basis changes
         vel = None
         if self._mom_av != 0.0 and self.V is not None:
@@ -386,6 +411,7 @@ class FOSI(Optimizer):
             self.eigenvalues, self.lambda_min = None, None
             self._vel_res_proj = zeros.clone()
             self._mom_proj = zeros.clone()
+            self._mom_proj_fed = zeros.clone()
             return
         self.V = V
         self._blocks = list(torch.split(V, self._sizes, dim=1))
@@ -404,6 +430,7 @@ class FOSI(Optimizer):
             for b, buf in zip(self._blocks, bufs):
                 if buf is not None:
                     self._mom_proj.addmv_(b, _flat(buf))
+        self._mom_proj_fed = self._mom_proj.clone()
 
     def _project(self, vec: Tensor) -> Tensor:
         return self.V @ vec
@@ -428,7 +455,7 @@ class FOSI(Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None, *, batch: Any = None) -> Tensor | None:  # type: ignore[override]
         """One FOSI step on the gradients in ``p.grad`` (from ``closure`` if given).
 
-        After the step ``p.grad`` holds g₂ (the part the base optimizer saw). ``batch`` is the
+        After the step ``p.grad`` holds g₂ (generic path) or g (SGD fast path). ``batch`` is the
         current mini-batch, needed only with ``ese_batch_mode='current'``. Scalars describing the
         step are left in :attr:`last_info`."""
         loss = None
@@ -476,12 +503,9 @@ class FOSI(Optimizer):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(_flat(p.grad))
-        # c = V̂ g, then g₂ = g − V̂ᵀ c in place: the base optimizer sees g₂ only
         c = torch.zeros(self.k + self.l, dtype=self._dtype, device=self._device)
-        for b, g in zip(blocks, grads):
+        for b, g in zip(blocks, grads):  # c = V̂g
             c.addmv_(b, g)
-        for b, g in zip(blocks, grads):
-            g.addmv_(b.T, c, alpha=-1.0)
         # Newton part on the velocity's coefficients: V̂v̄ = a + ρ·V̂r
         self._vel_coef.mul_(self._mom_av).add_(c, alpha=self._mom_ag)
         self._vel_res_scale *= self._mom_av
@@ -492,26 +516,11 @@ class FOSI(Optimizer):
         s = self.scale
         kind = self._fast_path_kind()
         if kind is not None:
-            lrs = [g["lr"] for g in self.param_groups]
-            first_step = self.state.get(params[0], {}).get("momentum_buffer") is None
-            try:
-                if s != 1.0:
-                    for g in self.param_groups:
-                        g["lr"] = g["lr"] * s
-                self.base.step()
-            finally:
-                for g, lr in zip(self.param_groups, lrs):
-                    g["lr"] = lr
-            if kind != "gd":
-                beta = float(self.param_groups[0]["momentum"])
-                if first_step:
-                    self._mom_proj.zero_()
-                else:
-                    self._mom_proj.mul_(beta)
-                # −V̂ d_b = s·lr·(V̂ m) (HB) or s·lr·β·(V̂ m) (Nesterov): subtract d_b's part along V̂
-                factor = s * float(lrs[0]) * (beta if kind == "nesterov" else 1.0)
-                coef.add_(self._mom_proj, alpha=factor)
+            self._fast_sgd_step(kind, c, coef, s)
         else:
+            self._sync_base_buffers()
+            for b, g in zip(blocks, grads):  # g₂ = g − V̂ᵀc in place: the base sees g₂ only
+                g.addmv_(b.T, c, alpha=-1.0)
             if self._old is None:
                 self._old = [torch.empty_like(p) for p in params]
             torch._foreach_copy_(self._old, [p.detach() for p in params])
@@ -523,12 +532,45 @@ class FOSI(Optimizer):
                 e_neg.addmv_(b, _flat(d))
             if s != 1.0:
                 torch._foreach_add_([p.detach() for p in params], old, alpha=-(s - 1.0))
-            coef.add_(e_neg, alpha=s)
+            coef.add_(e_neg, alpha=s)  # s·d₂ = s·d_b − s·V̂ᵀV̂d_b
         for b, p in zip(blocks, params):
             _flat(p.detach()).addmv_(b.T, coef)
 
+    def _fast_sgd_step(self, kind: str, c: Tensor, coef: Tensor, s: float) -> None:
+        """torch.optim.SGD fed the full g; ``coef`` gets the V̂-coefficients that turn its step into
+        s·(d_b − V̂V̂ᵀd_b) for the step on g₂ (see the module docstring)."""
+        group = self.param_groups[0]
+        lr = float(group["lr"])
+        first_step = self.state.get(self._params[0], {}).get("momentum_buffer") is None
+        lrs = [g["lr"] for g in self.param_groups]
+        try:
+            if s != 1.0:
+                for g in self.param_groups:
+                    g["lr"] = g["lr"] * s
+            self.base.step()
+        finally:
+            for g, old_lr in zip(self.param_groups, lrs):
+                g["lr"] = old_lr
+        if kind == "gd":  # θ′ = θ − s·lr·g; true step −s·lr·g₂ ⟂ V̂
+            coef.add_(c, alpha=s * lr)
+            return
+        beta, damp = float(group["momentum"]), float(group.get("dampening", 0.0))
+        y, w = self._mom_proj, self._mom_proj_fed
+        if first_step:  # torch starts the buffer at the gradient itself
+            y.zero_()
+            w.copy_(c)
+        else:
+            y.mul_(beta)  # V̂m ← βV̂m + (1−δ)V̂g₂, V̂g₂ = 0
+            w.mul_(beta).add_(c, alpha=1.0 - damp)
+        self._buffers_offset = True
+        if kind == "heavy_ball":  # θ′ = θ − s·lr·m′; wanted θ − s·lr·(m − V̂ᵀy)
+            coef.add_(w, alpha=s * lr)
+        else:  # Nesterov: θ′ = θ − s·lr·(g + βm′); wanted θ − s·lr·(g₂ + βm − βV̂ᵀy)
+            coef.add_(c, alpha=s * lr).add_(w, alpha=s * lr * beta)
+
     # -- (de)serialisation -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        self._sync_base_buffers()  # the saved base state holds the true buffers
         fosi = {
             "t": self.t,
             "ese_count": self.ese_count,
@@ -569,6 +611,7 @@ class FOSI(Optimizer):
         self._vel_res_proj = to(fs["vel_res_proj"])
         self._vel_coef = to(fs["vel_coef"])
         self._mom_proj = to(fs["mom_proj"])
+        self._mom_proj_fed = self._mom_proj.clone()  # saved states hold synced buffers (w = y)
         if self._generator is not None and fs.get("generator") is not None:
             self._generator.set_state(fs["generator"])
 

@@ -1,0 +1,36 @@
+# FOSI (docs/fosi.md). The quadratic experiments are float64 and run at the paper's settings on
+# the CPU whatever SCALE says (about two minutes on 2 cores); figures are drawn from the run
+# records in $(FOSI_Q_RESULTS) only.
+FOSI_Q_RESULTS ?= results/fosi_quadratics
+FOSI_FIGURES ?= results/figures/fosi
+FOSI_Q_RUN := $(PY) experiments/fosi_quadratics/run.py --results-dir $(FOSI_Q_RESULTS)
+FOSI_Q_FIG := $(PY) experiments/fosi_quadratics/figures.py --results-dir $(FOSI_Q_RESULTS) --out-dir $(FOSI_FIGURES)
+
+.PHONY: reproduce-fosi-quadratics reproduce-fosi-fig3 reproduce-fosi-fig4 reproduce-fosi-fig7-fig8 \
+	reproduce-fosi-fig9 bench-fosi test-fosi
+
+reproduce-fosi-quadratics: ## FOSI Figures 3, 4, 7, 8, 9 (quadratic experiments Q1-Q4, records + figures)
+	$(FOSI_Q_RUN) all
+	$(FOSI_Q_FIG) all
+
+reproduce-fosi-fig3: ## FOSI Figure 3 (Q1: n x lambda_1, six optimizers)
+	$(FOSI_Q_RUN) q1
+	$(FOSI_Q_FIG) fig3
+
+reproduce-fosi-fig4: ## FOSI Figure 4 (Q2: GD vs FOSI-GD, k = 9)
+	$(FOSI_Q_RUN) q2
+	$(FOSI_Q_FIG) fig4
+
+reproduce-fosi-fig7-fig8: ## FOSI Figures 7 and 8 (Q3: the (b, zeta) grid)
+	$(FOSI_Q_RUN) q3
+	$(FOSI_Q_FIG) fig7 fig8
+
+reproduce-fosi-fig9: ## FOSI Figure 9 (Q4: learning-rate and momentum sweeps, c = 1 vs c = inf)
+	$(FOSI_Q_RUN) q4
+	$(FOSI_Q_FIG) fig9
+
+bench-fosi: ## FOSI step and ESE cost vs its base optimizer (AE 2.8M, MLP 1M; thread CPU clock)
+	$(PY) benchmarks/bench_fosi.py --clock cpu
+
+test-fosi: ## FOSI, Lanczos, HVP and quadratic-experiment tests
+	$(PY) -m pytest -q tests/test_fosi_lanczos.py tests/test_fosi_optimizer.py tests/test_fosi_quadratics.py

@@ -2,7 +2,7 @@
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_shf.py --sizes 300 2000 [--with-6000] [--dtype float64]
 
-Per batch size n, median over ``--reps`` timings (seconds):
+Per batch size n, minimum (or ``--stat median``) over ``--reps`` timings (seconds):
 
 * ``grad``: one mini-batch gradient (autograd forward + backward, ``zero_grad(set_to_none=True)``
   as optimizers do: the first-order baseline); ``grad_hand``: the same from the cached
@@ -53,17 +53,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+STAT = {"name": "min", "clock": time.perf_counter}
+
+
 def timeit(fn, reps: int, device: torch.device, warmup: int = 1) -> float:
+    """Minimum (default; the least disturbed by other processes on a shared CPU) or median."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         _sync(device)
-        t = time.perf_counter()
+        t = STAT["clock"]()
         fn()
         _sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        times.append(STAT["clock"]() - t)
+    return min(times) if STAT["name"] == "min" else statistics.median(times)
 
 
 def _time_products(op, path, v, u, jv_out, vj_out, reps, device) -> dict:
@@ -187,7 +191,20 @@ def main() -> None:
     parser.add_argument("--amortise", type=int, default=50, help="GN products sharing one set-up")
     parser.add_argument("--skip-func", action="store_true", help="skip the torch.func path")
     parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "shf.json"))
+    parser.add_argument("--stat", choices=["min", "median"], default="min", help="statistic over reps")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "process"],
+        default="wall",
+        help="process = CPU time of this process (with --threads 1: robust to other load on a shared CPU)",
+    )
     args = parser.parse_args()
+    STAT["name"] = args.stat
+    if args.clock == "process":
+        STAT["clock"] = time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -215,7 +232,8 @@ def main() -> None:
         ("LSMR it scipy", "lsmr_iter_scipy"),
     ]
     print(
-        f"\nSHF building blocks, {args.dtype} on {device} ({torch.get_num_threads()} threads), seconds (median)"
+        f"\nSHF building blocks, {args.dtype} on {device} ({torch.get_num_threads()} threads), "
+        f"seconds ({args.stat} over {args.reps} reps, {args.clock} clock)"
     )
     print(f"{'n':>6} " + " ".join(f"{name:>13}" for name, _ in cols))
     for r in rows:
@@ -252,6 +270,8 @@ def main() -> None:
         "load_average_before": load_before,
         "load_average_after": load_after,
         "reps": args.reps,
+        "statistic": args.stat,
+        "clock": args.clock,
         "lsmr_iters": args.lsmr_iters,
         "amortise": args.amortise,
         "rows": rows,

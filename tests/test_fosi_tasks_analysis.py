@@ -169,3 +169,28 @@ def test_run_key_parsing():
     assert analysis.run_key("lbfgs_quick_s0_L40", "quick") == "lbfgs_L40"
     assert analysis.run_key("kfac_quick_s0_lradaptive_m0.9", "quick") == "kfac_lradaptive_m0.9"
     assert analysis.run_key("adam_quick_s1", "quick") == ""
+
+
+def test_driver_plans_the_papers_sweeps_and_skips_missing_data(tmp_path):
+    import argparse
+
+    import run
+
+    args = argparse.Namespace(kfac_grid="full", lbfgs_histories=[10, 20, 40, 80, 100])
+    ae = run.planned_runs("fig6", analysis.TASKS["ae"], args)
+    assert sum(opt == "kfac" for opt, _, _ in ae) == 16 and sum(opt == "lbfgs" for opt, _, _ in ae) == 5
+    assert ("lbfgs", "L40", ["optimizer.history_size=40"]) in ae
+    lm = run.planned_runs("fig6", analysis.TASKS["lm"], args)
+    assert not any(opt == "kfac" for opt, _, _ in lm)  # as the paper: no K-FAC for the LSTM
+    assert [opt for opt, _, _ in run.planned_runs("table1", analysis.TASKS["lr"], args)] == list(
+        analysis.MAIN_OPTIMIZERS
+    )
+    for key, needle in (
+        ("lr", "mnist"),
+        ("ae", "cifar-10"),
+        ("lm", "input.txt"),
+        ("tl", "cifar"),
+        ("ac", "audioset"),
+    ):
+        problem = run.data_problem(analysis.TASKS[key], tmp_path)
+        assert problem is not None and needle in problem.lower()

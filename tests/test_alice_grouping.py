@@ -25,6 +25,16 @@ from curvopt.optim.racs import RACS
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one thread is as fast, and MKL's threaded SVD/EVD slows down ~50x when other
+    processes share the 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.mark.parametrize(
     "size,millions", [("60m", 58.07), ("130m", 134.11), ("350m", 367.97), ("1b", 1339.08)]
 )

@@ -23,6 +23,16 @@ from curvopt.optim.alice import (
 # ----------------------------------------------------------------------------- NumPy reference
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one thread is as fast, and MKL's threaded SVD/EVD slows down ~50x when other
+    processes share the 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def np_canonical(U):
     idx = np.abs(U).argmax(axis=0)
     sign = np.sign(U[idx, np.arange(U.shape[1])])

@@ -12,6 +12,16 @@ from curvopt.optim.grouping import build_optimizer
 from curvopt.optim.racs import RACS, racs_fixed_point
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one thread is as fast, and MKL's threaded SVD/EVD slows down ~50x when other
+    processes share the 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def racs_reference(W0, grads, lr, beta=0.9, alpha=0.05, gamma=1.01, n_iter=5, warm_start=False):
     """Algorithm 1, written from the paper (spec §3.1), float64 NumPy. Returns W after each step
     and the limiter factors η."""

@@ -207,8 +207,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=Path("results/tables"))
     parser.add_argument("--no-measure", action="store_true", help="skip the instantiated 60M measurement")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: MKL's threaded SVD/EVD slows down ~50x on a shared 2-core CPU)",
+    )
     args = parser.parse_args()
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    torch.set_num_threads(args.threads)
     measured = None if args.no_measure else measure("60m")
     rows = build_rows(measured)
     csv_path, md_path = write_outputs(rows, args.out_dir)

@@ -1,0 +1,14 @@
+# RACS / Alice / Alice-0 optimizers and the GaLore/Fira/APOLLO baselines (docs/alice.md).
+.PHONY: reproduce-alice-table3 bench-optim bench-optim-quick test-alice
+
+reproduce-alice-table3: ## RACS/Alice Table 3: estimated memory (60M-1B) vs paper + measured 60M state bytes
+	$(PY) experiments/alice_table3/table3.py --out-dir results/tables
+
+bench-optim: ## optimizer step cost on the LLaMA-60M matrices (AdamW, RACS, Alice, GaLore, Fira, APOLLO)
+	$(PY) benchmarks/bench_llm_optim.py --out-dir results/benchmarks
+
+bench-optim-quick: ## the same in --quick mode (< 2 min)
+	$(PY) benchmarks/bench_llm_optim.py --quick --out-dir results/benchmarks
+
+test-alice: ## RACS/Alice optimizer, grouping and memory tests
+	$(PY) -m pytest -q tests/test_racs_optimizer.py tests/test_alice_optimizer.py tests/test_alice_grouping.py tests/test_alice_baselines.py

@@ -214,3 +214,40 @@ def test_lm_divergence_keeps_records(tmp_path, _has_c4):
     assert summary["status"] == "diverged" and summary["stop_reason"] == "non_finite_loss"
     rows = read_metrics(Path(summary["run_dir"]) / "metrics.jsonl")
     assert rows[-1]["step"] == summary["steps"] < 12 and (Path(summary["run_dir"]) / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("size", "steps", "rank", "adam_lr", "alice_alpha"),
+    [
+        ("60m", 10000, 128, 1e-3, 0.3),
+        ("130m", 20000, 256, 1e-3, 0.3),
+        ("350m", 60000, 256, 1e-3, 0.3),
+        ("1b", 100000, 512, 7e-4, 0.25),
+    ],
+)
+def test_paper_configs_follow_the_spec_tables(size, steps, rank, adam_lr, alice_alpha):
+    from curvopt.training.build import apply_optimizer_variant
+
+    def cfg(optimizer):
+        return apply_optimizer_variant(
+            compose([f"experiment=alice_c4_{size}_paper", f"optimizer={optimizer}"])
+        )
+
+    alice, adam, racs = cfg("alice"), cfg("adam"), cfg("racs")
+    assert alice.profile == "paper" and alice.experiment_name == f"alice_c4_{size}"
+    assert (
+        alice.trainer.max_steps == steps
+        and alice.trainer.batch_size == 512
+        and alice.trainer.eval_every == 500
+    )
+    assert alice.optimizer.scheduler.total_steps == steps and alice.optimizer.scheduler.warmup_fraction == 0.1
+    assert (
+        alice.optimizer.rank == rank and alice.optimizer.alpha == alice_alpha and alice.optimizer.lr == 0.02
+    )
+    assert adam.optimizer.lr == pytest.approx(adam_lr)
+    assert racs.optimizer.alpha == (0.02 if size == "1b" else 0.05)
+    assert (
+        alice.dataset.max_length == 256 and alice.dataset.streaming and alice.dataset.val_tokens == 10_000_000
+    )
+    assert alice.dataset.vocab_limit is None and alice.trainer.dtype == "bfloat16"
+    assert alice.model.size == size

@@ -357,6 +357,8 @@ def fig4(results: Path, profile: str, out: Path) -> Path:
         ax.set_xticklabels([SIZE_LABELS.get(s, s) for s in sizes])
         ax.legend(fontsize=6, ncol=2)
         kinds = ", ".join(sorted(df["memory_kind"].unique()))
+        if "dtype" in df:
+            kinds += ", " + ", ".join(sorted(df["dtype"].dropna().unique()))
         devices = ", ".join(sorted(df["device"].unique()))
     else:
         kinds = devices = "n/a"

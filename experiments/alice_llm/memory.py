@@ -1,6 +1,7 @@
 """Figure 4: measured peak memory of each method, with and without layer-wise updates.
 
-Protocol (spec racs_alice §7.4b): BF16 weights and states, one sequence of 256 tokens per step,
+Protocol (spec racs_alice §7.4b): BF16 weights and states (on GPUs; fp32 on CPUs by default,
+``--dtype``), one sequence of 256 tokens per step,
 a few steps so every optimizer state exists. "-layerwise" runs each parameter's optimizer step in
 a post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``) and frees the
 gradient at once, so only one layer's gradient is alive (GaLore's ``*_per_layer`` optimizers):
@@ -100,7 +101,13 @@ def make_layerwise(optimizer: torch.optim.Optimizer) -> list:
 
 
 def measure_one(
-    size: str, method_key: str, layerwise: bool, profile: str, steps: int, device_name: str
+    size: str,
+    method_key: str,
+    layerwise: bool,
+    profile: str,
+    steps: int,
+    device_name: str,
+    dtype_name: str = "auto",
 ) -> dict:
     """Build the run's model and optimizer from its config and time/measure a few steps."""
     from hydra import compose, initialize_config_dir
@@ -116,17 +123,19 @@ def measure_one(
         f"optimizer={m.optimizer}",
         *[o for o in m.run_overrides() if not o.startswith("tag=")],
         "logger=none",
-        "trainer.dtype=bfloat16",
         "~optimizer.scheduler",
     ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     device = resolve_device(device_name)
+    if dtype_name == "auto":  # the paper's bf16 on GPUs; bf16 matmuls crawl on CPUs without bf16 units
+        dtype_name = "bfloat16" if device.type == "cuda" else "float32"
+    dtype = getattr(torch, dtype_name)
     import transformers  # noqa: F401  (imported before the baseline, like everything else)
 
     baseline = rss_bytes()
     torch.manual_seed(0)
-    model, loss = build_model(cfg, torch.bfloat16, device)
+    model, loss = build_model(cfg, dtype, device)
     objective = Objective(model, loss)
     algorithm = build_algorithm(cfg.optimizer, objective, data=None)  # type: ignore[arg-type]
     optimizer = algorithm.optimizer
@@ -169,6 +178,7 @@ def measure_one(
         "memory_kind": kind,
         "device": dev,
         "steps": steps,
+        "dtype": dtype_name,
         "num_params": sum(p.numel() for p in model.parameters()),
         "seconds": time.perf_counter() - t0,
         "loss": losses[-1],
@@ -184,12 +194,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="*", default=FIG4_METHODS)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--one", nargs=3, metavar=("SIZE", "METHOD", "LAYERWISE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         size, method, lw = args.one
-        print(json.dumps(measure_one(size, method, lw == "1", args.profile, args.steps, args.device)))
+        print(
+            json.dumps(
+                measure_one(size, method, lw == "1", args.profile, args.steps, args.device, args.dtype)
+            )
+        )
         return
     sizes = args.sizes or (QUICK_SIZES if args.profile == "quick" else ["60m", "130m", "350m", "1b"])
     out_dir = args.results / "alice_memory"
@@ -205,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"[kept] {path}")
                     continue
                 cmd = [sys.executable, __file__, "--profile", args.profile, "--steps", str(args.steps),
-                       "--device", args.device, "--one", size, method, "1" if layerwise else "0"]  # fmt: skip
+                       "--device", args.device, "--dtype", args.dtype,
+                       "--one", size, method, "1" if layerwise else "0"]  # fmt: skip
                 done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
                 if done.returncode != 0:
                     print(

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "fosi_tasks"))
-import analysis  # noqa: E402
-import figures  # noqa: E402
+# The package name ``fosi_tasks`` is unique; a bare ``import run``/``import analysis`` would pick
+# whichever experiment directory another test put first on sys.path (the CI failure).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from fosi_tasks import analysis, figures  # noqa: E402
+from fosi_tasks import run as driver  # noqa: E402
 
 
 def _write_run(
@@ -174,15 +176,13 @@ def test_run_key_parsing():
 def test_driver_plans_the_papers_sweeps_and_skips_missing_data(tmp_path):
     import argparse
 
-    import run
-
     args = argparse.Namespace(kfac_grid="full", lbfgs_histories=[10, 20, 40, 80, 100])
-    ae = run.planned_runs("fig6", analysis.TASKS["ae"], args)
+    ae = driver.planned_runs("fig6", analysis.TASKS["ae"], args)
     assert sum(opt == "kfac" for opt, _, _ in ae) == 16 and sum(opt == "lbfgs" for opt, _, _ in ae) == 5
     assert ("lbfgs", "L40", ["optimizer.history_size=40"]) in ae
-    lm = run.planned_runs("fig6", analysis.TASKS["lm"], args)
+    lm = driver.planned_runs("fig6", analysis.TASKS["lm"], args)
     assert not any(opt == "kfac" for opt, _, _ in lm)  # as the paper: no K-FAC for the LSTM
-    assert [opt for opt, _, _ in run.planned_runs("table1", analysis.TASKS["lr"], args)] == list(
+    assert [opt for opt, _, _ in driver.planned_runs("table1", analysis.TASKS["lr"], args)] == list(
         analysis.MAIN_OPTIMIZERS
     )
     for key, needle in (
@@ -192,5 +192,5 @@ def test_driver_plans_the_papers_sweeps_and_skips_missing_data(tmp_path):
         ("tl", "cifar"),
         ("ac", "audioset"),
     ):
-        problem = run.data_problem(analysis.TASKS[key], tmp_path)
+        problem = driver.data_problem(analysis.TASKS[key], tmp_path)
         assert problem is not None and needle in problem.lower()

@@ -26,13 +26,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import analysis  # noqa: E402
-from run import data_problem  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from curvopt.objective import Objective  # noqa: E402
 from curvopt.runs import REPO_ROOT, experiment_config  # noqa: E402
 from curvopt.training.build import apply_optimizer_variant, build_algorithm, build_data, build_model  # noqa: E402
+from fosi_tasks import analysis  # noqa: E402
+from fosi_tasks.run import data_problem  # noqa: E402
 
 CONF_DIR = REPO_ROOT / "conf"
 

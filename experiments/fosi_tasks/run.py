@@ -23,11 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import analysis  # noqa: E402
-import figures  # noqa: E402
-
+# Imported as the package ``fosi_tasks``: other experiments also have run.py/figures.py/analysis.py,
+# and a bare ``import analysis`` would pick whichever directory is first on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from curvopt.runs import REPO_ROOT, ensure_run  # noqa: E402
+from fosi_tasks import analysis, figures  # noqa: E402
 
 WHAT = ("table1", "table2", "fig2", "fig5", "fig6", "all")
 

@@ -1,0 +1,20 @@
+# Reproduction report (issue 9) and the cross-paper benchmark table.
+# `make report` reads run records and the drivers' table outputs only (it runs nothing): a missing run
+# shows as "not run" with the command that produces it.
+REPORT_ARGS ?=
+BENCH_QUICK ?= 1
+
+.PHONY: report bench bench-table test-report
+
+report: ## results/REPORT.md + REPORT.html: every paper figure/table, paper vs ours, status per item
+	$(PY) -m curvopt.report --results-dir results --tolerances experiments/report/tolerances.yaml $(REPORT_ARGS)
+
+bench: ## cross-paper step time / optimizer-state memory vs Adam (BENCH_QUICK=1: a few minutes on 2 cores)
+	$(PY) -m curvopt.report.bench run $(if $(filter 1,$(BENCH_QUICK)),--quick,)
+	$(PY) -m curvopt.report.bench table
+
+bench-table: ## only rebuild the cross-paper table from results/benchmarks/*.json
+	$(PY) -m curvopt.report.bench table
+
+test-report: ## report unit tests + notebook execution
+	$(PY) -m pytest -q tests/test_report.py tests/test_notebooks.py

@@ -1,0 +1,3 @@
+from curvopt.report.build import main
+
+main()

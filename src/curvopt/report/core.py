@@ -1,0 +1,330 @@
+"""Reproduction report machinery: items, statuses, provenance and the Markdown/HTML writers.
+
+Every item (one figure or table of one paper) is evaluated by a function that reads run records
+(through :mod:`curvopt.analysis.records`) or a driver's own table output, and returns an
+:class:`ItemResult`. A missing run raises :class:`NotRun`, which becomes a "not run" entry with the
+``make`` command that produces it; any other exception becomes an "error" entry (the report never
+crashes and never falls back to an older number).
+
+Status rules (see ``experiments/report/tolerances.yaml`` for the per-item numbers):
+
+* paper profile, quantitative check within tolerance -> ``reproduced``;
+* paper profile, outside tolerance but the qualitative claim holds -> ``qualitatively reproduced``;
+* paper profile, the claim fails -> ``different`` (with the measured gap);
+* quick profile, the qualitative claim holds -> ``qualitatively reproduced``;
+* quick profile otherwise (no claim check, or it fails) -> ``not yet run at paper scale`` (the
+  gap is still printed: a quick-profile miss is not evidence against the paper);
+* no records -> ``not run`` with the command.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import importlib.util
+import math
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from curvopt.analysis.records import load_summaries
+
+REPRODUCED = "reproduced"
+QUALITATIVE = "qualitatively reproduced"
+NOT_PAPER_SCALE = "not yet run at paper scale"
+DIFFERENT = "different"
+NOT_RUN = "not run"
+ERROR = "error"
+STATUSES = (REPRODUCED, QUALITATIVE, NOT_PAPER_SCALE, DIFFERENT, NOT_RUN, ERROR)
+BADGES = {
+    REPRODUCED: "✅",
+    QUALITATIVE: "🟢",
+    NOT_PAPER_SCALE: "🟡",
+    DIFFERENT: "❌",
+    NOT_RUN: "⚪",
+    ERROR: "⚠️",
+}
+REPO = Path(__file__).resolve().parents[3]
+
+
+class NotRun(Exception):
+    """Raised by an evaluator when the records it needs are absent."""
+
+
+@dataclass
+class ItemResult:
+    status: str
+    rows: pd.DataFrame | None = None  # paper / ours / produced-by table
+    figures: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gap: str = ""  # the measured gap, one line
+    provenance: str = ""  # profile / device / seeds of "ours"
+
+
+@dataclass
+class Item:
+    paper: str
+    key: str  # tolerance key, e.g. "table2"
+    title: str  # "Table 2: errors at the best-validation iterate"
+    make: str  # command that produces the records (and the figure/table)
+    evaluate: Callable[[Context], ItemResult]
+
+
+@dataclass
+class Context:
+    results: Path
+    tolerances: dict[str, Any]
+    repo: Path = REPO
+
+    def tol(self, paper: str, key: str) -> dict[str, Any]:
+        return dict(self.tolerances.get(paper, {}).get(key, {}))
+
+
+# -- helpers for evaluators --------------------------------------------------------------------------------
+def judge(profile: str, quantitative: bool | None, qualitative: bool | None) -> str:
+    """The status from the profile and the two checks (``None`` = no such check for this item).
+
+    At the paper profile an item with no check at all raises :class:`NotRun`: the records hold
+    nothing it can compare, so nothing is claimed."""
+    if profile != "paper":
+        return QUALITATIVE if qualitative else NOT_PAPER_SCALE
+    if quantitative:
+        return REPRODUCED
+    if qualitative:
+        return QUALITATIVE
+    if quantitative is None and qualitative is None:
+        raise NotRun("the records hold nothing this item can check")
+    return DIFFERENT
+
+
+def pick_profile(profiles: Iterable[Any]) -> str | None:
+    """``paper`` when any paper-profile record exists, else ``quick``, else the first one seen."""
+    found = [str(p) for p in profiles if p is not None and not (isinstance(p, float) and math.isnan(p))]
+    if not found:
+        return None
+    for p in ("paper", "quick"):
+        if p in found:
+            return p
+    return sorted(found)[0]
+
+
+def finished_summaries(results: Path, experiment: str) -> pd.DataFrame:
+    """Summaries of finished runs (completed or diverged) of ``experiment``; empty if none."""
+    sums = load_summaries(results, experiment)
+    if sums.empty or "status" not in sums:
+        return pd.DataFrame()
+    return sums[sums["status"].isin(["completed", "diverged"])].reset_index(drop=True)
+
+
+def _column(frame: pd.DataFrame, *names: str) -> pd.Series:
+    for name in names:
+        if name in frame:
+            return frame[name]
+    return pd.Series([None] * len(frame), index=frame.index, dtype=object)
+
+
+def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
+    """``profile quick; device cpu; seeds 0,1,2 (6 runs)`` from a summaries frame."""
+    if summaries is None or summaries.empty:
+        return "n/a"
+    profiles = sorted({str(p) for p in _column(summaries, "cfg.profile", "profile").dropna()})
+    devices = sorted({str(d) for d in _column(summaries, "device_name", "device").dropna()})
+    if not devices:
+        devices = sorted({str(d) for d in _column(summaries, "cfg.trainer.device").dropna()})
+    seeds = sorted({int(s) for s in _column(summaries, "cfg.seed", "seed").dropna()})
+    text = (
+        f"profile {', '.join(profiles) or '?'}; device {', '.join(devices) or '?'}; "
+        f"seeds {','.join(map(str, seeds)) or '?'} ({len(summaries)} runs)"
+    )
+    return text + (f"; {extra}" if extra else "")
+
+
+def existing_figures(results: Path, patterns: Iterable[str]) -> list[Path]:
+    out: list[Path] = []
+    for pattern in patterns:
+        out += sorted(p for p in results.glob(pattern) if p.suffix == ".png")
+    return out
+
+
+def load_driver(relpath: str, name: str | None = None) -> Any:
+    """Import a driver script (``experiments/<paper>/<file>.py``) as a module to reuse its
+    record-reading table functions."""
+    path = REPO / relpath
+    name = name or "report_" + relpath.replace("/", "_").removesuffix(".py")
+    if name in sys.modules:
+        return sys.modules[name]
+    parent = str(path.parent)
+    if parent not in sys.path:
+        sys.path.insert(0, parent)  # drivers import their siblings (analysis, specs, ...)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def rel_gap(ours: float, paper: float) -> float:
+    if not (math.isfinite(ours) and math.isfinite(paper)) or paper == 0:
+        return math.nan
+    return (ours - paper) / abs(paper)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        if math.isinf(value):
+            return "never" if value > 0 else "-inf"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+# -- evaluation --------------------------------------------------------------------------------------------
+def load_tolerances(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def evaluate(item: Item, ctx: Context) -> ItemResult:
+    try:
+        result = item.evaluate(ctx)
+    except NotRun as missing:
+        return ItemResult(
+            NOT_RUN, notes=[f"not run: `{item.make}`" + (f" ({missing})" if str(missing) else "")]
+        )
+    except Exception as err:  # a broken driver or a malformed record must not stop the report
+        return ItemResult(
+            ERROR,
+            notes=[f"could not evaluate ({type(err).__name__}: {err}); regenerate with `{item.make}`"],
+        )
+    if result.status not in STATUSES:
+        raise ValueError(f"{item.paper}/{item.key}: unknown status {result.status!r}")
+    return result
+
+
+# -- writers -----------------------------------------------------------------------------------------------
+def _relpath(path: Path, start: Path) -> str:
+    import os
+
+    return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+
+
+def _md_table(frame: pd.DataFrame) -> str:
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(fmt(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
+        for row in frame.itertuples(index=False)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _inline(text: str) -> str:
+    """Minimal Markdown for notes in HTML: `code` spans and **bold**."""
+    out = html.escape(text)
+    parts = out.split("`")
+    out = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    parts = out.split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def summary_rows(evaluated: list[tuple[Item, ItemResult]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "paper": item.paper,
+                "item": item.title.split(":")[0],
+                "status": f"{BADGES[res.status]} {res.status}",
+                "ours from": res.provenance or "–",
+                "gap": res.gap or "–",
+            }
+            for item, res in evaluated
+        ]
+    )
+
+
+def write_markdown(
+    evaluated: list[tuple[Item, ItemResult]], papers: dict[str, str], out: Path, header: str
+) -> Path:
+    lines = [header, "", "## Summary", "", _md_table(summary_rows(evaluated)), ""]
+    counts = pd.Series([r.status for _, r in evaluated]).value_counts()
+    lines.append("Counts: " + ", ".join(f"{s}: {int(counts.get(s, 0))}" for s in STATUSES) + ".\n")
+    for paper, title in papers.items():
+        lines += [f"## {title}", ""]
+        for item, res in (e for e in evaluated if e[0].paper == paper):
+            lines += [f"### {item.title}", "", f"**Status: {BADGES[res.status]} {res.status}**"]
+            if res.provenance:
+                lines.append(f" — ours from: {res.provenance}")
+            if res.gap:
+                lines.append(f" — gap: {res.gap}")
+            lines.append("")
+            if res.rows is not None and not res.rows.empty:
+                lines += [_md_table(res.rows), ""]
+            for note in res.notes:
+                lines.append(f"- {note}")
+            if res.notes:
+                lines.append("")
+            for fig in res.figures:
+                lines += [f"![{item.title}]({_relpath(Path(fig), out.parent)})", ""]
+            lines.append(f"<sub>Regenerate: `{item.make}`</sub>\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+_CSS = """body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.4}
+table{border-collapse:collapse;margin:.5em 0;font-size:.85em}td,th{border:1px solid #bbb;padding:2px 6px}
+th{background:#eee}img{max-width:100%;border:1px solid #ddd}code{background:#f4f4f4;padding:0 2px}
+.status{font-weight:bold}"""
+
+
+def write_html(
+    evaluated: list[tuple[Item, ItemResult]], papers: dict[str, str], out: Path, header: str
+) -> Path:
+    """The same content as the Markdown, with every figure embedded as base64 (one portable file)."""
+    title, *rest = header.splitlines()
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title.lstrip('# '))}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title.lstrip('# '))}</h1>",
+        *(f"<p>{_inline(line)}</p>" for line in rest if line.strip()),
+        "<h2>Summary</h2>",
+        _html_table(summary_rows(evaluated)),
+    ]
+    for paper, ptitle in papers.items():
+        parts.append(f"<h2>{html.escape(ptitle)}</h2>")
+        for item, res in (e for e in evaluated if e[0].paper == paper):
+            parts.append(f"<h3>{html.escape(item.title)}</h3>")
+            line = f"<span class='status'>Status: {BADGES[res.status]} {html.escape(res.status)}</span>"
+            if res.provenance:
+                line += f" — ours from: {html.escape(res.provenance)}"
+            if res.gap:
+                line += f" — gap: {html.escape(res.gap)}"
+            parts.append(f"<p>{line}</p>")
+            if res.rows is not None and not res.rows.empty:
+                parts.append(_html_table(res.rows))
+            if res.notes:
+                parts.append("<ul>" + "".join(f"<li>{_inline(n)}</li>" for n in res.notes) + "</ul>")
+            for fig in res.figures:
+                data = base64.b64encode(Path(fig).read_bytes()).decode()
+                parts.append(
+                    f"<p><img alt='{html.escape(item.title)}' src='data:image/png;base64,{data}'></p>"
+                )
+            parts.append(f"<p><small>Regenerate: <code>{html.escape(item.make)}</code></small></p>")
+    parts.append("</body></html>")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts) + "\n")
+    return out

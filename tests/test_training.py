@@ -191,3 +191,35 @@ def test_mnist_real_splits(shared_data_dir):
     assert data.train[1].dtype == torch.int64 and set(data.train[1].unique().tolist()) == set(range(10))
     ae = load_mnist(str(shared_data_dir), num_train=10, num_val=10, num_test=10)
     assert torch.equal(ae.train[0], ae.train[1])
+
+
+def test_process_clock_counts_cpu_seconds_of_the_step(tmp_path, monkeypatch):
+    """trainer.clock=process times steps with time.process_time (shared CPUs); a step that sleeps
+    costs wall time but no CPU time, so it must not show up in algo_time_s."""
+    import time
+
+    from curvopt.training import algorithm
+
+    original = algorithm.TorchOptimizerAlgorithm.step
+
+    def sleepy_step(self, batch):
+        time.sleep(0.05)
+        return original(self, batch)
+
+    monkeypatch.setattr(algorithm.TorchOptimizerAlgorithm, "step", sleepy_step)
+    threads = torch.get_num_threads()
+    try:
+        wall = _run(tmp_path, ["optimizer=adam", "trainer.max_steps=4", "run_id=w", "trainer.num_threads=1"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    cpu = _run(tmp_path, ["optimizer=adam", "trainer.max_steps=4", "run_id=p", "trainer.clock=process"])
+    t_wall = read_metrics(Path(wall["run_dir"]) / "metrics.jsonl")[-1]["algo_time_s"]
+    t_cpu = read_metrics(Path(cpu["run_dir"]) / "metrics.jsonl")[-1]["algo_time_s"]
+    assert t_wall >= 4 * 0.05
+    assert t_cpu < 4 * 0.05
+
+
+def test_unknown_clock_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="trainer.clock must be 'wall' or 'process'"):
+        _run(tmp_path, ["optimizer=adam", "trainer.max_steps=1", "run_id=x", "trainer.clock=gpu"])

@@ -206,6 +206,10 @@ def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
     )
     dtype = DTYPES[tcfg.dtype]
     seed_everything(int(cfg.seed), bool(tcfg.deterministic))
+    if tcfg.get("num_threads"):
+        torch.set_num_threads(int(tcfg.num_threads))
+    if tcfg.get("clock", "wall") == "process" and device.type == "cuda":
+        raise ValueError("trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU")
 
     run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg, dist)
     if tcfg.resume and not (run_dir / "checkpoint.pt").exists():
@@ -250,6 +254,7 @@ def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
         monitor_mode=str(tcfg.get("monitor_mode", "min")),
         progress=bool(tcfg.progress),
         eval_galore_compat=bool(tcfg.get("eval_galore_compat", False)),
+        clock=str(tcfg.get("clock", "wall")),
     )
     lcfg = cfg.logger
     tracker = make_tracker(

@@ -61,6 +61,14 @@ class LoopConfig:
     monitor_mode: str = "min"
     progress: bool = True
     eval_galore_compat: bool = False  # also log GaLore's off-by-one eval loss/ppl (LM tasks)
+    # wall: time.perf_counter (+ CUDA sync), the papers' "computation time". process: this process's
+    # CPU seconds (time.process_time), which other jobs on a shared CPU cannot inflate; it equals
+    # uncontended wall time only with one torch thread (trainer.num_threads=1) and never on a GPU.
+    clock: str = "wall"
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("wall", "process"):
+            raise ValueError(f"trainer.clock must be 'wall' or 'process', got {self.clock!r}")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -365,10 +373,12 @@ class Trainer:
                 tokens = self._count_tokens(y_batch)
                 _sync(self.device)
                 t0 = time.perf_counter()
+                c0 = time.process_time()
                 scalars = self.algorithm.step((x_batch, y_batch))
                 _sync(self.device)
                 t1 = time.perf_counter()
-                tokens, seconds = self._reduce_step(scalars, tokens, t1 - t0)
+                step_seconds = time.process_time() - c0 if self.cfg.clock == "process" else t1 - t0
+                tokens, seconds = self._reduce_step(scalars, tokens, step_seconds)
                 self.algo_time += seconds
                 self.step += 1
                 row: dict[str, Any] = {"batch_size": global_size, "step_time_s": seconds, **scalars}

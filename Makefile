@@ -12,7 +12,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 export PYTHONPATH := $(abspath src)$(if $(PYTHONPATH),:$(PYTHONPATH))
 TRAIN := $(PY) src/train.py
 
-.PHONY: setup test test-slow test-all lint format reproduce-fig2 mnist-autoencoder-demo clean-quick help
+.PHONY: setup test test-slow test-all lint format mnist-autoencoder-demo help
 
 help:
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
@@ -44,7 +44,5 @@ mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, the
 	$(PY) experiments/run_missing.py --experiment mnist_autoencoder --optimizers adam heavy_ball sgd --seeds 0
 	$(PY) -m curvopt.plots.error_vs_time --experiment mnist_autoencoder \
 		--out results/figures/mnist_autoencoder_error_vs_time.png
-
-reproduce-fig2: mnist-autoencoder-demo ## the main job (SHF Figure 2 once the SHF experiment lands)
 
 -include mk/*.mk

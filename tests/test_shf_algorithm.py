@@ -150,7 +150,7 @@ def _run(alg: SHF, data: DataBundle, steps: int, seed: int = 1):
 def test_steps_decrease_training_loss_and_batch_grows():
     data = _data()
     obj = Objective(_model(), "squared_error")
-    alg = build_shf(obj, data, damping=1.0, batch_size=30, max_batch_size=150, theta=0.05, maxiter=40, seed=0)
+    alg = build_shf(obj, data, damping=1.0, batch_size=30, max_batch_size=150, theta=0.05, maxiter=20, seed=0)
     x, y = data.train
     before = float(obj.loss(obj.params(), x, y))
     outs = _run(alg, data, 8)
@@ -249,7 +249,17 @@ def test_return_best_flag_reaches_lsmr():
         obj = Objective(_model(), "squared_error")
         # tiny damping: LSMR runs long, so the recover/maxiter rules can end away from the best merit
         alg = build_shf(
-            obj, data, damping=1e-3, batch_size=30, maxiter=300, atol=0.0, ftol=0.0, return_best=rb, seed=0
+            obj,
+            data,
+            damping=1e-3,
+            batch_size=30,
+            maxiter=300,
+            atol=0.0,
+            ftol=0.0,
+            return_best=rb,
+            seed=0,
+            miniter=10,
+            recover=10,
         )
         outs[rb] = _run(alg, data, 1)[0]
     assert outs[False]["inner_iters"] == outs[True]["inner_iters"]

@@ -1,0 +1,26 @@
+# SHF-LSMR paper (docs/shf.md). SCALE=quick: MNIST on the CPU, one seed, a fixed algorithm-time
+# budget per method (~10 min for the whole target); SCALE=paper: all three datasets, 5 seeds,
+# the paper's settings (GPU). Each target runs only the missing runs, then draws from the records.
+SHF_DATASETS ?= $(if $(filter paper,$(SCALE)),mnist curves usps,mnist)
+SHF_SEEDS ?= $(if $(filter paper,$(SCALE)),0 1 2 3 4,0)
+SHF_METHODS ?= shf_lsmr hf_cg
+SHF_FIG := $(PY) experiments/shf/figures.py --profile $(SCALE) --datasets $(SHF_DATASETS)
+
+.PHONY: shf-runs reproduce-fig2 reproduce-fig3 reproduce-table2 reproduce-shf
+
+shf-runs:
+	for d in $(SHF_DATASETS); do \
+		$(PY) experiments/run_missing.py --experiment shf_fig2_$$d --profile $(SCALE) \
+			--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) || exit 1; \
+	done
+
+reproduce-fig2: shf-runs ## the main job: SHF-LSMR Figure 2 (train dotted / test solid error vs time)
+	$(SHF_FIG) fig2
+
+reproduce-fig3: shf-runs ## SHF-LSMR Figure 3 (mini-batch size vs time)
+	$(SHF_FIG) fig3
+
+reproduce-table2: shf-runs ## SHF-LSMR Table 2 (errors at best validation, next to the paper's)
+	$(SHF_FIG) table2
+
+reproduce-shf: reproduce-fig2 reproduce-fig3 reproduce-table2 ## all SHF-LSMR figures and tables

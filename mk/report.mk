@@ -17,4 +17,4 @@ bench-table: ## only rebuild the cross-paper table from results/benchmarks/*.jso
 	$(PY) -m curvopt.report.bench table
 
 test-report: ## report unit tests + notebook execution
-	$(PY) -m pytest -q tests/test_report.py tests/test_notebooks.py
+	$(PY) -m pytest -q -m "not gpu" tests/test_report.py tests/test_notebooks.py

@@ -158,9 +158,7 @@ def load_driver(relpath: str, name: str | None = None) -> Any:
     name = name or "report_" + relpath.replace("/", "_").removesuffix(".py")
     if name in sys.modules:
         return sys.modules[name]
-    parent = str(path.parent)
-    if parent not in sys.path:
-        sys.path.insert(0, parent)  # drivers import their siblings (analysis, specs, ...)
+    # no sys.path change here: a driver that imports its siblings adds its own folder itself
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -812,7 +813,7 @@ def _alice_profile(ctx: Context, experiments: list[str]) -> tuple[str, pd.DataFr
 
 def _alice_table2(ctx: Context) -> tuple[str, pd.DataFrame, pd.DataFrame]:
     fig = _alice(ctx)
-    specs = load_driver("experiments/alice_llm/specs.py", "specs")
+    specs = sys.modules[_alice(ctx).experiment_for.__module__]  # the specs module figures.py imported
     exps = sorted(
         {specs.experiment_for(specs.QUICK_SIZE), *[specs.experiment_for(s) for s in specs.PAPER_SIZES]}
     )
@@ -934,7 +935,7 @@ def alice_fig4(ctx: Context) -> ItemResult:
 
 def alice_table5(ctx: Context) -> ItemResult:
     fig = _alice(ctx)
-    specs = load_driver("experiments/alice_llm/specs.py", "specs")
+    specs = sys.modules[_alice(ctx).experiment_for.__module__]  # the specs module figures.py imported
     exps = sorted({specs.ablation_experiment_for(specs.QUICK_SIZE), specs.ablation_experiment_for("130m")})
     profile, sums = _alice_profile(ctx, exps)
     size = specs.QUICK_SIZE if profile == "quick" else "130m"

@@ -1,0 +1,59 @@
+"""Execute the paper notebooks top to bottom (nbclient): on the committed run records, and on an
+empty results folder, where every figure must degrade to a printed ``not run: make ...``.
+
+The executions are marked slow (about 8 s each on 2 shared cores, ~70 s for all eight):
+``.ci/run`` must call ``pytest -m slow tests/test_notebooks.py`` (or ``make test-report``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def execute(path: Path, results: Path) -> nbformat.NotebookNode:
+    nb = nbformat.read(path, as_version=4)
+    env = {"CURVOPT_RESULTS": str(results), "MPLBACKEND": "Agg", "OPENBLAS_NUM_THREADS": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        client = nbclient.NotebookClient(
+            nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        )
+        client.execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return nb
+
+
+def outputs(nb: nbformat.NotebookNode) -> str:
+    return "\n".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
+
+
+def test_four_notebooks_exist() -> None:
+    assert {p.name for p in NOTEBOOKS} >= {"shf.ipynb", "fgn.ipynb", "fosi.ipynb", "alice.ipynb"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_without_records(path: Path, tmp_path: Path) -> None:
+    text = outputs(execute(path, tmp_path))
+    assert "not run: make " in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_on_committed_records(path: Path) -> None:
+    execute(path, Path(__file__).resolve().parents[1] / "results")

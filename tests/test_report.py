@@ -1,0 +1,216 @@
+"""Reproduction report (``make report``): statuses from hand-made run records, the 'not run' path,
+no stale numbers, and no crash on malformed inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from curvopt.report import core
+from curvopt.report.build import DEFAULT_TOLERANCES, build_report
+from curvopt.report.papers import ITEMS
+
+SHF_ITEMS = [i for i in ITEMS if i.paper == "shf"]
+
+
+def write_run(
+    root: Path, experiment: str, run_id: str, cfg: dict, rows: list[dict], status: str = "completed"
+):
+    run = root / experiment / run_id
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"status": status, "device": "cpu"}))
+
+
+def shf_runs(root: Path, profile: str, shf_test_at_best_val: float) -> None:
+    """MNIST: SHF's best-validation iterate (val 1.0) has test ``shf_test_at_best_val``; Martens'
+    best-test iterate has test 1.45 (train 0.9)."""
+    base = {"profile": profile, "seed": 0, "dataset": {"name": "mnist"}}
+    shf = [
+        {
+            "step": 1,
+            "algo_time_s": 1.0,
+            "train/E_sq": 2.0,
+            "val/E_sq": 2.0,
+            "test/E_sq": 2.1,
+            "batch_size": 100,
+        },
+        {
+            "step": 2,
+            "algo_time_s": 2.0,
+            "train/E_sq": 1.0,
+            "val/E_sq": 1.0,
+            "test/E_sq": shf_test_at_best_val,
+            "batch_size": 200,
+        },
+        {
+            "step": 3,
+            "algo_time_s": 3.0,
+            "train/E_sq": 0.9,
+            "val/E_sq": 1.1,
+            "test/E_sq": 1.40,
+            "batch_size": 400,
+        },
+    ]
+    hf = [
+        {"step": 1, "algo_time_s": 1.0, "train/E_sq": 2.0, "val/E_sq": 2.0, "test/E_sq": 2.0},
+        {"step": 2, "algo_time_s": 3.0, "train/E_sq": 0.9, "val/E_sq": 1.2, "test/E_sq": 1.45},
+    ]
+    write_run(
+        root, "shf_fig2_mnist", f"shf_lsmr_{profile}_s0", {**base, "optimizer": {"name": "shf_lsmr"}}, shf
+    )
+    write_run(root, "shf_fig2_mnist", f"hf_cg_{profile}_s0", {**base, "optimizer": {"name": "hf_cg"}}, hf)
+
+
+def statuses(results: Path, items=None) -> dict[str, core.ItemResult]:
+    evaluated = build_report(results, DEFAULT_TOLERANCES, items=items)
+    return {f"{i.paper}/{i.key}": r for i, r in evaluated}
+
+
+# -- the status rule -------------------------------------------------------------------------------------
+def test_judge_table() -> None:
+    assert core.judge("paper", True, True) == core.REPRODUCED
+    assert core.judge("paper", False, True) == core.QUALITATIVE
+    assert core.judge("paper", False, False) == core.DIFFERENT
+    assert core.judge("paper", None, False) == core.DIFFERENT
+    assert core.judge("quick", None, True) == core.QUALITATIVE
+    assert core.judge("quick", True, False) == core.NOT_PAPER_SCALE  # quick runs never "reproduce" numbers
+    assert core.judge("quick", None, None) == core.NOT_PAPER_SCALE
+    with pytest.raises(core.NotRun):
+        core.judge("paper", None, None)
+
+
+def test_tolerances_have_a_justification_each() -> None:
+    text = DEFAULT_TOLERANCES.read_text().splitlines()
+    numeric = [line for line in text if ":" in line and line.split(":", 1)[1].split("#")[0].strip()]
+    assert numeric and all("#" in line for line in numeric), [x for x in numeric if "#" not in x]
+
+
+# -- not run / stale / malformed -------------------------------------------------------------------------------
+def test_empty_results_every_item_not_run(tmp_path: Path) -> None:
+    got = statuses(tmp_path)
+    assert {r.status for r in got.values()} == {core.NOT_RUN}
+    md = (tmp_path / "REPORT.md").read_text()
+    for item in ITEMS:
+        assert f"not run: `{item.make}`" in md
+    assert (tmp_path / "REPORT.html").read_text().startswith("<!doctype html>")
+
+
+def test_stale_table_output_is_not_reported(tmp_path: Path) -> None:
+    """A table file left from an old run, with no records behind it, must not show as ours."""
+    (tmp_path / "tables").mkdir()
+    pd.DataFrame([{"dataset": "mnist", "method": "shf_lsmr", "ours_test_E_sq": 0.123456}]).to_csv(
+        tmp_path / "tables" / "shf_table2_quick.csv", index=False
+    )
+    got = statuses(tmp_path, SHF_ITEMS)
+    assert got["shf/table2"].status == core.NOT_RUN
+    assert "0.123456" not in (tmp_path / "REPORT.md").read_text()
+
+
+def test_malformed_input_gives_error_entry_not_crash(tmp_path: Path) -> None:
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "alice_table3.csv").write_text("method,size\nalice,60m\n")  # no GiB columns
+    got = statuses(tmp_path, [i for i in ITEMS if i.key == "table3"])
+    assert got["alice/table3"].status == core.ERROR
+    assert "make reproduce-alice-table3" in got["alice/table3"].notes[0]
+
+
+# -- SHF from hand-made records ---------------------------------------------------------------------------------------
+def test_shf_quick_records_are_qualitative_with_the_numbers(tmp_path: Path) -> None:
+    shf_runs(tmp_path, "quick", shf_test_at_best_val=1.50)
+    got = statuses(tmp_path, SHF_ITEMS)
+    t2 = got["shf/table2"]
+    assert t2.status == core.QUALITATIVE  # 1.50 / 1.45 = 1.034, within the 10% claim band
+    rows = t2.rows.set_index("method")
+    assert rows.loc["shf_lsmr", "ours test"] == pytest.approx(1.50)  # best-validation iterate, not min test
+    assert rows.loc["hf_cg", "ours test"] == pytest.approx(1.45)  # best-test iterate (paper protocol)
+    assert rows.loc["shf_lsmr", "paper test"] == pytest.approx(1.435)
+    assert rows.loc["shf_lsmr", "test gap (rel.)"] == f"{1.50 / 1.435 - 1:+.1%}"
+    assert "profile quick" in t2.provenance and "seeds 0" in t2.provenance
+    assert got["shf/fig3"].status == core.QUALITATIVE  # 100 -> 200 -> 400, non-decreasing
+
+
+def test_shf_paper_records_reproduced_within_tolerance(tmp_path: Path) -> None:
+    shf_runs(tmp_path, "paper", shf_test_at_best_val=1.50)  # +4.5% and +1.0% vs the paper: inside 10%
+    assert statuses(tmp_path, SHF_ITEMS)["shf/table2"].status == core.REPRODUCED
+
+
+def test_shf_paper_records_outside_tolerance_are_different(tmp_path: Path) -> None:
+    shf_runs(tmp_path, "paper", shf_test_at_best_val=2.0)  # +39% vs paper; SHF/Martens 1.38: claim fails
+    res = statuses(tmp_path, SHF_ITEMS)["shf/table2"]
+    assert res.status == core.DIFFERENT
+    assert "39.4%" in res.gap
+
+
+def test_paper_profile_preferred_over_quick(tmp_path: Path) -> None:
+    shf_runs(tmp_path, "quick", shf_test_at_best_val=5.0)
+    for run in (tmp_path / "shf_fig2_mnist").iterdir():  # rename quick runs out of the way
+        run.rename(run.with_name(run.name + "_old"))
+    shf_runs(tmp_path, "paper", shf_test_at_best_val=1.50)
+    res = statuses(tmp_path, SHF_ITEMS)["shf/table2"]
+    assert res.status == core.REPRODUCED and "profile paper" in res.provenance
+
+
+# -- table outputs read directly ---------------------------------------------------------------------------------------
+def test_alice_table3_tolerance(tmp_path: Path) -> None:
+    (tmp_path / "tables").mkdir()
+    rows = [
+        {
+            "method": "adam",
+            "size": "60m",
+            "head": "adam",
+            "column": "Mem.*",
+            "paper_gib": 0.32,
+            "estimate_gib": 0.325,
+            "measured_gib": None,
+        },
+        {
+            "method": "alice",
+            "size": "60m",
+            "head": "method",
+            "column": "Mem.",
+            "paper_gib": 0.22,
+            "estimate_gib": 0.23,
+            "measured_gib": None,
+        },
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / "tables" / "alice_table3.csv", index=False)
+    item = [i for i in ITEMS if i.paper == "alice" and i.key == "table3"]
+    assert statuses(tmp_path, item)["alice/table3"].status == core.REPRODUCED
+    rows[1]["estimate_gib"] = 0.30  # 0.08 GiB off: outside +-0.02 in half of the cells
+    pd.DataFrame(rows).to_csv(tmp_path / "tables" / "alice_table3.csv", index=False)
+    assert statuses(tmp_path, item)["alice/table3"].status == core.DIFFERENT
+
+
+def test_fosi_overhead_large_and_small_models(tmp_path: Path) -> None:
+    (tmp_path / "tables").mkdir()
+    path = tmp_path / "tables" / "fosi_overhead_paper.json"
+    item = [i for i in ITEMS if i.key == "overhead"]
+    path.write_text(json.dumps([{"task": "lr", "base": "adam", "rho_T800": 1.33}]))
+    assert statuses(tmp_path, item)["fosi/overhead"].status == core.NOT_PAPER_SCALE  # small model only
+    path.write_text(
+        json.dumps(
+            [
+                {"task": "lr", "base": "adam", "rho_T800": 1.33},
+                {"task": "ae", "base": "adam", "rho_T800": 1.15},
+            ]
+        )
+    )
+    assert statuses(tmp_path, item)["fosi/overhead"].status == core.REPRODUCED  # 1.15 <= 1.1 + 0.1
+    path.write_text(json.dumps([{"task": "ae", "base": "adam", "rho_T800": 1.6}]))
+    assert statuses(tmp_path, item)["fosi/overhead"].status == core.DIFFERENT
+
+
+def test_report_files_embed_figures(tmp_path: Path) -> None:
+    shf_runs(tmp_path, "quick", shf_test_at_best_val=1.50)
+    (tmp_path / "figures").mkdir()
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 16
+    (tmp_path / "figures" / "shf_fig2_quick.png").write_bytes(png)
+    build_report(tmp_path, DEFAULT_TOLERANCES, items=SHF_ITEMS)
+    assert "](figures/shf_fig2_quick.png)" in (tmp_path / "REPORT.md").read_text()
+    assert "data:image/png;base64," in (tmp_path / "REPORT.html").read_text()

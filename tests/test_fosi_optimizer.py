@@ -478,3 +478,39 @@ def test_current_batch_mode_uses_the_step_batch():
     other = FOSI(torch.optim.SGD(model.parameters(), lr=0.1), _ce, (x[32:40], y[32:40]), model=model, k=2)
     other.run_ese()
     assert not torch.allclose(other.eigenvalues, ref.eigenvalues, rtol=1e-3)
+
+
+def test_factory_clips_gradients_element_wise_before_fosi(tmp_path):
+    """The AE task clips before every optimizer. ``clip_grad_value`` reaches FOSI through the loop's
+    ``build_algorithm`` (which strips ``grad_clip_value`` from factory configs); before the first
+    ESE a FOSI-HB step is then exactly θ − η·clip(g)."""
+    from curvopt.training.build import apply_optimizer_variant
+
+    cfg = compose(
+        [
+            "dataset=synthetic_classification",
+            "model=tiny_mlp",
+            "optimizer=fosi_heavy_ball",
+            "logger=none",
+            f"paths.results_dir={tmp_path}",
+            "optimizer.ese_warmup=5",
+            "optimizer.ese_batch_size=16",
+            "optimizer.clip_grad_value=0.001",
+        ]
+    )
+    data = build_data(cfg, torch.float32, torch.device("cpu"))
+    model, loss = build_model(cfg, torch.float32, torch.device("cpu"))
+    algo = build_algorithm(cfg.optimizer, Objective(model, loss), data)
+    assert algo.grad_clip_value == 0.001
+    x, y = data.train
+    before = [p.detach().clone() for p in model.parameters()]
+    ref = copy.deepcopy(model)
+    mean_loss(ref(x[:32]), y[:32], loss).backward()
+    algo.step((x[:32], y[:32]))
+    lr = float(cfg.optimizer.lr)
+    for p0, p1, r in zip(before, model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p1.detach(), p0 - lr * r.grad.clamp(-0.001, 0.001), rtol=0, atol=1e-7)
+    # the AE experiment clips FOSI as it clips HB/Adam (0.5 on the repo's ½-scaled loss)
+    for opt in ("fosi_heavy_ball", "fosi_adam"):
+        ae = apply_optimizer_variant(compose(["experiment=fosi_ae", f"optimizer={opt}"]))
+        assert ae.optimizer.clip_grad_value == 0.5

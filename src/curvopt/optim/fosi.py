@@ -731,6 +731,7 @@ def build_fosi(
     ese_batch_source: str = "random",
     ese_seed: int = 0,
     grad_clip_value: float | None = None,
+    clip_grad_value: float | None = None,
     **fosi_options: Any,
 ) -> FOSIAlgorithm:
     """Factory for ``conf/optimizer/fosi_*.yaml``: FOSI around the named base optimizer.
@@ -738,7 +739,15 @@ def build_fosi(
     ``ese_batch`` is ``fixed`` (one batch of ``ese_batch_size`` drawn from ``data.train`` with
     ``ese_seed``, used at every ESE: the authors' setup) or ``current`` (the step's batch).
     ``variant`` applies a preset from :data:`VARIANTS`; explicit non-null options win over it. The remaining
-    options go to :class:`FOSI` (k, l, alpha, ese_period, ese_warmup, lr_clip, …)."""
+    options go to :class:`FOSI` (k, l, alpha, ese_period, ese_warmup, lr_clip, …).
+
+    ``clip_grad_value`` (alias ``grad_clip_value``) clips the gradient element-wise before FOSI
+    sees it (the paper's AE task). Use ``clip_grad_value`` in configs: the loop's
+    ``build_algorithm`` strips ``grad_clip_value`` from every optimizer config (it belongs to the
+    wrapped ``torch.optim`` path) before it calls a factory, as it does for K-FAC's option."""
+    if grad_clip_value is not None and clip_grad_value is not None and grad_clip_value != clip_grad_value:
+        raise ValueError(f"grad_clip_value={grad_clip_value} and clip_grad_value={clip_grad_value} disagree")
+    clip = clip_grad_value if clip_grad_value is not None else grad_clip_value
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     # a null variant key (alpha, lr_clip, newton_momentum) means "the variant's value, else the
@@ -764,4 +773,4 @@ def build_fosi(
         return mean_loss(out, y, kind, ignore)
 
     fosi = FOSI(base_opt, loss_fn, fixed, model=objective.model, ese_batch_mode=ese_batch, **options)
-    return FOSIAlgorithm(objective, fosi, grad_clip_value=grad_clip_value)
+    return FOSIAlgorithm(objective, fosi, grad_clip_value=clip)

@@ -220,3 +220,31 @@ def test_hit_rate():
     logits = torch.tensor([[0.1, 2.0, 0.0], [3.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     targets = torch.tensor([[0, 1, 1], [0, 1, 0], [1, 0, 1.0]])
     assert audioset.hit_rate(logits, targets) == pytest.approx(2 / 3)
+
+
+def test_evaluation_reports_hit_rate_for_multi_label_targets():
+    """The loop's evaluation gives the AC task's ``val/hit_rate`` (multi-hot targets, sigmoid BCE),
+    and keeps treating same-size sigmoid-BCE targets as a reconstruction (E_sq, no hit rate)."""
+    from curvopt.objective import Objective
+    from curvopt.training.evaluation import evaluate_split
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
+    x = torch.randn(7, 3, 2, 2)
+    y = (torch.rand(7, 5) < 0.4).float()
+    with torch.no_grad():
+        logits = model(x)
+    expected_hits = sum(float(y[i, int(logits[i].argmax())]) for i in range(7)) / 7
+    expected_loss = float(
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none").sum(1).mean()
+    )
+    m = evaluate_split(Objective(model, "sigmoid_bce"), x, y, batch_size=3)
+    assert m["hit_rate"] == pytest.approx(expected_hits) and "E_sq" not in m
+    assert m["loss"] == pytest.approx(expected_loss, rel=1e-6)
+    # the same through a (one-rank) reduce: the extra sum travels with the others
+    m2 = evaluate_split(Objective(model, "sigmoid_bce"), x, y, batch_size=3, reduce=lambda v: v)
+    assert m2["hit_rate"] == pytest.approx(expected_hits)
+    ae = torch.nn.Sequential(torch.nn.Linear(6, 6))
+    xa = torch.rand(4, 6)
+    ma = evaluate_split(Objective(ae, "sigmoid_bce"), xa, xa, batch_size=3)
+    assert "hit_rate" not in ma and "E_sq" in ma

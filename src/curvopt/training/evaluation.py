@@ -7,6 +7,9 @@ Which metrics are reported follows from the loss kind and the targets:
   (Martens' convention) and ``f = E_sq / 2`` (the SHF paper's objective). With ``sigmoid_bce``
   (Martens' autoencoder) the reconstruction is ``sigmoid(logits)``;
 * class-index targets with ``cross_entropy``: ``accuracy``;
+* multi-hot targets with ``sigmoid_bce`` whose size differs from the input's (multi-label
+  classification, the FOSI paper's AudioSet task): ``hit_rate``, the fraction of examples whose
+  top-scoring class is one of their positive labels (the authors' "accuracy");
 * sequence targets (language modelling, ``y`` of shape ``(N, T)`` with ``ignore_index`` on
   padding): ``loss`` is the **token-weighted** mean cross-entropy over all non-ignored targets,
   ``ppl = exp(loss)``, and ``tokens`` the number of targets scored. With ``galore_compat`` also
@@ -44,9 +47,13 @@ def evaluate_split(
     model, kind = objective.model, objective.loss_kind
     was_training = model.training
     model.eval()
-    total_loss, total_sq, correct, count, tokens = 0.0, 0.0, 0, 0, 0
+    total_loss, total_sq, correct, count, tokens, hits = 0.0, 0.0, 0, 0, 0, 0
     batch_mean_sum, num_batches = 0.0, 0
     reconstruction = y.dtype.is_floating_point and kind in ("squared_error", "sigmoid_bce") and y.dim() >= 2
+    multilabel = (
+        kind == "sigmoid_bce" and y.dtype.is_floating_point and y.dim() == 2 and y[0].numel() != x[0].numel()
+    )
+    reconstruction = reconstruction and not multilabel
     classification = kind == "cross_entropy" and not y.dtype.is_floating_point
     sequence = classification and y.dim() >= 2
     for start in range(0, x.shape[0], batch_size):
@@ -66,6 +73,8 @@ def evaluate_split(
             num_batches += 1
         else:
             total_loss += float(losses.sum())
+        if multilabel:
+            hits += int(yb.gather(1, out.argmax(dim=-1, keepdim=True)).gt(0.5).sum())
         if reconstruction:
             recon = torch.sigmoid(out) if kind == "sigmoid_bce" else out
             total_sq += float(((recon - yb) ** 2).flatten(1).sum())
@@ -73,8 +82,8 @@ def evaluate_split(
     model.train(was_training)
     if reduce is not None:
         galore_local = batch_mean_sum / (num_batches + 1)
-        total_loss, total_sq, correct, count, tokens, galore_sum = reduce(
-            [total_loss, total_sq, float(correct), float(count), float(tokens), galore_local]
+        total_loss, total_sq, correct, count, tokens, galore_sum, hits = reduce(
+            [total_loss, total_sq, float(correct), float(count), float(tokens), galore_local, float(hits)]
         )
         galore_value = galore_sum / world_size
     else:
@@ -91,6 +100,8 @@ def evaluate_split(
         if galore_compat:
             metrics["loss_galore"] = galore_value
             metrics["ppl_galore"] = _exp(galore_value)
+    if multilabel:
+        metrics["hit_rate"] = hits / max(count, 1)
     if reconstruction:
         metrics["E_sq"] = total_sq / max(count, 1)
         metrics["f"] = total_sq / (2 * max(count, 1))

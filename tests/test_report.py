@@ -214,3 +214,33 @@ def test_report_files_embed_figures(tmp_path: Path) -> None:
     build_report(tmp_path, DEFAULT_TOLERANCES, items=SHF_ITEMS)
     assert "](figures/shf_fig2_quick.png)" in (tmp_path / "REPORT.md").read_text()
     assert "data:image/png;base64," in (tmp_path / "REPORT.html").read_text()
+
+
+# -- make bench: the cross-paper table ------------------------------------------------------------------------
+def test_bench_table_ratios_and_missing_sources(tmp_path: Path) -> None:
+    from curvopt.report import bench
+
+    bench_dir = tmp_path / "benchmarks"
+    (bench_dir / "quick").mkdir(parents=True)
+    llm = {
+        "K": 200,
+        "threads": 1,
+        "quick": True,
+        "load_average_1m": 1.0,
+        "results": [
+            {"method": "adamw_fused", "amortised_ms": 10.0, "state_bytes": 2 * 2**20},
+            {"method": "racs", "amortised_ms": 15.0, "state_bytes": 2**18},
+        ],
+    }
+    (bench_dir / "quick" / "bench_llm_optim.json").write_text(json.dumps(llm))
+    frame = bench.table(bench_dir, tmp_path / "tables").set_index("optimizer")
+    assert frame.loc["RACS", "step / Adam"] == pytest.approx(1.5)
+    assert frame.loc["RACS", "state / Adam"] == pytest.approx(0.125)
+    assert frame.loc["RACS", "source"].endswith("quick/bench_llm_optim.json")
+    md = (tmp_path / "tables" / "bench_cross_paper.md").read_text()
+    assert "bench_fgn.json: not run" in md and "fosi.json: not run" in md
+    # a full-mode output next to the quick one wins
+    llm["results"][1]["amortised_ms"] = 30.0
+    (bench_dir / "bench_llm_optim.json").write_text(json.dumps(llm))
+    frame = bench.table(bench_dir, tmp_path / "tables").set_index("optimizer")
+    assert frame.loc["RACS", "step / Adam"] == pytest.approx(3.0)

@@ -1,0 +1,218 @@
+"""Cross-paper benchmark table (``make bench``): every optimizer's step time and optimizer-state
+memory relative to Adam on the tasks it applies to, read from the JSON the ``benchmarks/`` scripts
+write (nothing is re-measured here).
+
+    python -m curvopt.report.bench run --quick   # run the benchmark scripts (quick: minutes, 1 thread)
+    python -m curvopt.report.bench table         # results/tables/bench_cross_paper.{md,csv}
+
+Sources: ``bench_llm_optim.json`` (RACS/Alice/GaLore/Fira/APOLLO on the LLaMA-60M matrices, step and
+state bytes), ``bench_fgn.json`` (FGN/SGN on the linear head, per number of classes C) and
+``fosi.json`` (FOSI-HB/FOSI-Adam on an MLP/autoencoder, per-step and amortised with the ESE).
+SHF-LSMR is not in this table: ``bench_shf.py`` times Gauss-Newton products, not optimizer steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from curvopt.report.core import REPO
+
+BENCH = REPO / "results" / "benchmarks"
+
+
+def commands(quick: bool, py: str = sys.executable) -> list[list[str]]:
+    """The benchmark scripts; quick mode (about 5 min on 2 shared cores) writes to
+    ``results/benchmarks/quick/`` so it never overwrites the papers' full benchmark outputs."""
+    if quick:
+        out = BENCH / "quick"
+        return [
+            [py, "benchmarks/bench_llm_optim.py", "--quick", "--threads", "1", "--out-dir", str(out)],
+            [py, "benchmarks/bench_fgn.py", "--classes", "196", "1024", "--batch-size", "256", "--dim", "512",
+             "--repeats", "3", "--threads", "1", "--out", str(out)],
+            [py, "benchmarks/bench_fosi.py", "--models", "mlp", "--bases", "heavy_ball", "adam", "--rounds", "4",
+             "--threads", "1", "--out", str(out / "fosi.json")],
+        ]  # fmt: skip
+    return [
+        [py, "benchmarks/bench_llm_optim.py", "--out-dir", str(BENCH)],
+        [py, "benchmarks/bench_fgn.py", "--out", str(BENCH)],
+        [py, "benchmarks/bench_fosi.py", "--out", str(BENCH / "fosi.json")],
+    ]
+
+
+def run(quick: bool) -> None:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+    for cmd in commands(quick):
+        print("+", " ".join(cmd[1:]), flush=True)
+        done = subprocess.run(cmd, cwd=REPO, env=env, check=False)
+        if done.returncode:
+            print(f"  (exit {done.returncode}; its row shows as not run)", flush=True)
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+LLM_LABELS = {
+    "adamw_fused": "Adam (AdamW, fused)",
+    "adamw_foreach": "Adam (AdamW, foreach)",
+    "racs": "RACS",
+    "alice": "Alice",
+    "alice0": "Alice-0",
+    "galore": "GaLore",
+    "fira": "Fira",
+    "apollo": "APOLLO",
+    "apollo_mini": "APOLLO-Mini",
+    "kozistr_alice": "Alice (kozistr reference)",
+}
+
+
+def llm_rows(data: dict) -> list[dict]:
+    res = {r["method"]: r for r in data.get("results", [])}
+    ref = res.get("adamw_fused") or res.get("adamw_foreach")
+    if ref is None:
+        return []
+    rows = []
+    for key, r in res.items():
+        rows.append(
+            {
+                "paper": "RACS/Alice",
+                "task": "LLaMA-60M matrices (step on fixed grads)",
+                "optimizer": LLM_LABELS.get(key, key),
+                "step ms": r["amortised_ms"],
+                "step / Adam": r["amortised_ms"] / ref["amortised_ms"],
+                "state MiB": r["state_bytes"] / 2**20,
+                "state / Adam": r["state_bytes"] / ref["state_bytes"] if ref["state_bytes"] else math.nan,
+                "notes": f"amortised over K={data.get('K')} refreshes; threads {data.get('threads')}; "
+                f"load {data.get('load_average_1m', math.nan):.1f}"
+                + ("; quick" if data.get("quick") else ""),
+            }
+        )
+    return rows
+
+
+def fgn_rows(data: dict) -> list[dict]:
+    rows = []
+    for c, ratios in data.get("ratios_to_adam", {}).items():
+        secs = data["seconds"][c]
+        for key, ratio in ratios.items():
+            if key.startswith("adam_fused") or key == "adam":
+                continue
+            rows.append(
+                {
+                    "paper": "FGN",
+                    "task": f"linear head b={data.get('b')}, D={data.get('D')}, C={c}",
+                    "optimizer": key,
+                    "step ms": 1e3 * secs[key],
+                    "step / Adam": ratio,
+                    "state MiB": math.nan,
+                    "state / Adam": math.nan,
+                    "notes": f"clock {data.get('clock')}; threads {data.get('threads')}; load "
+                    + "-".join(f"{x:.1f}" for x in data.get("load_avg_1min", [])),
+                }
+            )
+    return rows
+
+
+def fosi_rows(data: dict) -> list[dict]:
+    rows = []
+    meta = data.get("meta", {})
+    for model in data.get("results", []):
+        steps = {s["base"]: s for s in model.get("steps", [])}
+        adam = steps.get("adam")
+        if adam is None:
+            continue
+        for base, s in steps.items():
+            for label, t in ((base, s["base_step_s"]), (f"fosi_{base}", s["fosi_step_s"])):
+                amort = s.get("amortised_over_base") if label.startswith("fosi") else None
+                rows.append(
+                    {
+                        "paper": "FOSI",
+                        "task": f"{model['model']} ({model.get('params', '?')} params, batch {model.get('batch')})",
+                        "optimizer": label,
+                        "step ms": 1e3 * t,
+                        "step / Adam": t / adam["base_step_s"],
+                        "state MiB": math.nan,
+                        "state / Adam": math.nan,
+                        "notes": (f"with ESE amortised: {amort * s['base_step_s'] / adam['base_step_s']:.2f}x Adam; " if amort else "")
+                        + f"clock {meta.get('clock', '?')}",
+                    }
+                )  # fmt: skip
+    return rows
+
+
+SOURCES = {
+    "bench_llm_optim.json": (llm_rows, "make bench-optim-quick"),
+    "bench_fgn.json": (fgn_rows, "make bench-fgn"),
+    "fosi.json": (fosi_rows, "make bench-fosi"),
+}
+
+
+def table(bench_dir: Path = BENCH, out_dir: Path = REPO / "results" / "tables") -> pd.DataFrame:
+    rows, missing = [], []
+    for name, (reader, cmd) in SOURCES.items():
+        # the paper's own full benchmark output first, else the quick-mode one
+        src = next((p for p in (bench_dir / name, bench_dir / "quick" / name) if p.exists()), None)
+        data = _load(src) if src else None
+        got = reader(data) if data else []
+        for row in got:
+            row["source"] = (
+                str(src.relative_to(bench_dir.parent)) if src.is_relative_to(bench_dir.parent) else str(src)
+            )
+        if got:
+            rows += got
+        else:
+            missing.append(f"{name}: not run (`make bench` or `{cmd}`)")
+    frame = pd.DataFrame(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out_dir / "bench_cross_paper.csv", index=False)
+    lines = [
+        "# Cross-paper optimizer cost relative to Adam",
+        "",
+        "Step time and optimizer-state memory of every optimizer on the tasks it applies to, divided by Adam's "
+        "on the same task, read from `results/benchmarks/*.json` (`make bench`). CPU timings on a shared "
+        "2-core machine are contended (load in the notes); '–' = not measured by that benchmark "
+        "(bench_fgn and bench_fosi time steps only). SHF-LSMR has no Adam-comparable step benchmark.",
+        "",
+    ]
+    if not frame.empty:
+        show = frame.copy()
+        for col in ("step ms", "step / Adam", "state MiB", "state / Adam"):
+            show[col] = [("–" if not math.isfinite(v) else f"{v:.3g}") for v in show[col]]
+        lines.append("| " + " | ".join(show.columns) + " |")
+        lines.append("|" + "---|" * len(show.columns))
+        lines += ["| " + " | ".join(str(v) for v in r) + " |" for r in show.itertuples(index=False)]
+    lines += ["", *[f"- {m}" for m in missing]]
+    (out_dir / "bench_cross_paper.md").write_text("\n".join(lines) + "\n")
+    return frame
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["run", "table"])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--bench-dir", type=Path, default=BENCH)
+    parser.add_argument("--out-dir", type=Path, default=REPO / "results" / "tables")
+    args = parser.parse_args(argv)
+    if args.what == "run":
+        run(args.quick)
+    else:
+        frame = table(args.bench_dir, args.out_dir)
+        print((args.out_dir / "bench_cross_paper.md").read_text())
+        print(f"{len(frame)} rows -> {args.out_dir / 'bench_cross_paper.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,9 @@
 Records go to ``results/fosi_quadratics/<experiment>/<run>/{config.yaml, metrics.jsonl,
 summary.json}`` through the loop's ``RunRecorder`` (one ``{"step": t, "f": f(θ_t)}`` row per
 iteration, t = 0..200 or 250). ``figures.py`` draws Figures 3, 4, 7, 8, 9 from these files only.
+By default (``--curves plotted``) the runs no figure draws as a curve (Q3 outside the four Fig. 8
+functions, all of Q4: Figs 7 and 9 use f(θ₂₀₀)) keep only the rows t = 0 and t = last, so the
+records stay small enough to commit; ``--curves all`` writes every iteration of every run.
 
 Experiments (spec fosi.md §4.7; the settings are the paper's, there is no quick profile):
 
@@ -43,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ("q1", "q2", "q3", "q4")
 ROOT_NAME = "fosi_quadratics"
 Q4_FUNCTION = (1.12, 90)
+FIG8_FUNCTIONS = ((1.12, 90), (1.16, 90), (1.12, 50), (1.16, 50))  # the learning curves of Fig. 8
 Q4_OPTIMIZERS_LR = (
     "adam",
     "fosi_adam",
@@ -71,9 +75,10 @@ def _finite_or_inf(x: float) -> float:
 class RecordWriter:
     """One experiment's records: ``<root>/<experiment>/<run_id>/``."""
 
-    def __init__(self, root: Path, experiment: str) -> None:
+    def __init__(self, root: Path, experiment: str, curves: str = "plotted") -> None:
         self.dir = root / experiment
         self.experiment = experiment
+        self.curves = curves
         self.commit = git_commit(REPO)
         self.env = environment_info(torch.device("cpu"))
         self.count = 0
@@ -84,8 +89,12 @@ class RecordWriter:
         config: dict[str, Any],
         curves: dict[str, np.ndarray],
         summary: dict[str, Any],
+        plotted: bool = True,
     ) -> None:
-        """``curves['f']`` (and any extra columns) hold one value per iteration."""
+        """``curves['f']`` (and any extra columns) hold one value per iteration. A run whose curve
+        no figure draws (``plotted=False``) keeps only the rows t = 0 and t = last in its
+        metrics.jsonl unless the writer was made with ``curves="all"`` (the full Q3/Q4 records are
+        ~110 MB; the figures use f(θ₂₀₀) of those runs only)."""
         rec = RunRecorder(self.dir / run_id)
         try:
             full_config = {"experiment": self.experiment, "run_id": run_id, "profile": "paper", **config}
@@ -94,11 +103,14 @@ class RecordWriter:
             # would dominate the whole experiment)
             keys = list(curves)
             columns = [[_json_number(x) for x in curves[k].tolist()] for k in keys]
+            last = len(columns[0]) - 1
+            full = plotted or self.curves == "all"
+            steps = range(last + 1) if full else (0, last)
             lines = [
                 "{"
                 + ", ".join([f'"step": {t}'] + [f'"{k}": {col[t]}' for k, col in zip(keys, columns)])
                 + "}\n"
-                for t in range(len(columns[0]))
+                for t in steps
             ]
             rec.close()
             rec.metrics_path.write_text("".join(lines))
@@ -113,6 +125,7 @@ class RecordWriter:
                     "f_final": float(f[-1]),
                     "iterations": len(f) - 1,
                     "diverged": bool(not np.isfinite(f[-1]) or f[-1] > f[0]),
+                    "metrics_rows": "every iteration" if full else f"t = 0 and {last} only",
                     "git_commit": self.commit,
                     "environment": self.env,
                     **summary,
@@ -139,8 +152,8 @@ def _ese_config(e: q.ESEResult, k: int) -> dict[str, Any]:
     }
 
 
-def run_q1(root: Path) -> int:
-    out = RecordWriter(root, "q1_fig3")
+def run_q1(root: Path, curves: str = "plotted") -> int:
+    out = RecordWriter(root, "q1_fig3", curves)
     for n in (100, 1500):
         for lam1 in (5, 10, 20, 50, 200):
             p = q.q1_problem(n, lam1)
@@ -177,8 +190,8 @@ def run_q1(root: Path) -> int:
     return out.count
 
 
-def run_q2(root: Path) -> int:
-    out = RecordWriter(root, "q2_fig4")
+def run_q2(root: Path, curves: str = "plotted") -> int:
+    out = RecordWriter(root, "q2_fig4", curves)
     p = q.q2_problem()
     e = q.ese(p, k=9)
     kappa = float(p.eigenvalues[0] / p.eigenvalues[-1])
@@ -206,8 +219,8 @@ def run_q2(root: Path) -> int:
     return out.count
 
 
-def run_q3(root: Path) -> int:
-    out = RecordWriter(root, "q3_fig7_fig8")
+def run_q3(root: Path, curves: str = "plotted") -> int:
+    out = RecordWriter(root, "q3_fig7_fig8", curves)
     bs, zetas = q.q3_grid()
     problems, eses, settings = [], [], []
     for zeta in zetas:
@@ -243,7 +256,8 @@ def run_q3(root: Path) -> int:
                 "rotation_seed": 1234,
                 **(_ese_config(eses[i], 10) if name.startswith("fosi") else {}),
             }
-            out.write(f"b{b:.3f}_zeta{zeta:03d}_{name}", cfg, {"f": f_all[i, j]}, {})
+            plotted = (round(b, 3), zeta) in FIG8_FUNCTIONS
+            out.write(f"b{b:.3f}_zeta{zeta:03d}_{name}", cfg, {"f": f_all[i, j]}, {}, plotted=plotted)
     return out.count
 
 
@@ -256,7 +270,7 @@ def _q4_rule(opt: str) -> tuple[str, bool]:
     return opt, False
 
 
-def run_q4(root: Path) -> int:
+def run_q4(root: Path, curves: str = "plotted") -> int:
     b, zeta = Q4_FUNCTION
     p = q.q3_problem(b, zeta)
     e = q.ese(p, k=10)
@@ -265,7 +279,7 @@ def run_q4(root: Path) -> int:
     etas = np.concatenate(
         (np.logspace(-5, -1, 50), np.linspace(0.10001, 1.0, 50), np.linspace(1.1, 10.0, 20))
     )
-    out = RecordWriter(root, "q4_fig9_lr")
+    out = RecordWriter(root, "q4_fig9_lr", curves)
     rules, lrs = [], []
     for opt in Q4_OPTIMIZERS_LR:
         rule, scaled = _q4_rule(opt)
@@ -300,12 +314,12 @@ def run_q4(root: Path) -> int:
                 "dtype": "float64",
                 **(_ese_config(e, 10) if rule.startswith("fosi") else {}),
             }
-            out.write(f"{opt}_eta{i:03d}", cfg, {"f": f_all[row]}, {})
+            out.write(f"{opt}_eta{i:03d}", cfg, {"f": f_all[row]}, {}, plotted=False)
     count += out.count
     # (b) best momentum in [0.7, 1)
     etas = np.logspace(-4, 1, 50)
     betas = np.linspace(0.7, 1.0, 40, endpoint=False)
-    out = RecordWriter(root, "q4_fig9_momentum")
+    out = RecordWriter(root, "q4_fig9_momentum", curves)
     eta_grid, beta_grid = np.meshgrid(etas, betas, indexing="ij")  # (50, 40)
     rules, lrs, moms = [], [], []
     for opt in Q4_OPTIMIZERS_MOMENTUM:
@@ -350,7 +364,7 @@ def run_q4(root: Path) -> int:
                 "best_beta": float(betas[j]),
                 "f_final_by_beta": {f"{beta:.4f}": float(f[i, jj, -1]) for jj, beta in enumerate(betas)},
             }
-            out.write(f"{opt}_eta{i:03d}", cfg, curves, summary)
+            out.write(f"{opt}_eta{i:03d}", cfg, curves, summary, plotted=False)
     count += out.count
     return count
 
@@ -367,12 +381,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 avoids oversubscription on a shared CPU)"
     )
+    parser.add_argument(
+        "--curves",
+        choices=["plotted", "all"],
+        default="plotted",
+        help="plotted: every iteration for the runs a figure draws as a curve (Q1, Q2, the four Fig. 8 "
+        "functions), t = 0 and t = last for the rest (~7 MB); all: every iteration everywhere (~110 MB)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     chosen = EXPERIMENTS if "all" in args.experiments else tuple(dict.fromkeys(args.experiments))
     for name in chosen:
         t0 = time.perf_counter()
-        runs = RUNNERS[name](args.results_dir)
+        runs = RUNNERS[name](args.results_dir, args.curves)
         print(f"{name}: {runs} runs in {time.perf_counter() - t0:.1f} s -> {args.results_dir}", flush=True)
 
 

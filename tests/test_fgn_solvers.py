@@ -211,6 +211,26 @@ def test_sgn_step_equals_dense_solve_and_warm_start():
     torch.testing.assert_close(fresh.previous, sgn.previous)
 
 
+def test_cg_native_dots_match_float64_dots_and_dense_solve():
+    """SGN's CG takes its inner products in the vectors' dtype (JAX/SciPy semantics); on a float32
+    system the iterates agree with float64 accumulation, and both approach the dense solve."""
+    g = torch.Generator().manual_seed(4)
+    m = torch.randn(40, 40, generator=g, dtype=torch.float64)
+    a = m @ m.T / 40 + torch.eye(40, dtype=torch.float64)
+    rhs = torch.randn(40, generator=g, dtype=torch.float64)
+    a32, rhs32 = a.float(), rhs.float()
+    native = cg(lambda v: a32 @ v, rhs32, tol=0.0, maxiter=5, dot_dtype=None)
+    wide = cg(lambda v: a32 @ v, rhs32, tol=0.0, maxiter=5)
+    assert native.iterations == wide.iterations == 5
+    torch.testing.assert_close(native.x, wide.x, rtol=1e-5, atol=1e-6)
+    exact = cg(lambda v: a @ v, rhs, tol=1e-13, maxiter=200, dot_dtype=None)
+    torch.testing.assert_close(exact.x, torch.linalg.solve(a, rhs), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="dot_dtype"):
+        cg(lambda v: a @ v, rhs, dot_dtype=torch.float32)
+    assert SGN(Objective(head(3, 5), "cross_entropy")).cg_dot_dtype is None
+    assert SGN(Objective(head(3, 5), "cross_entropy"), cg_float64_dots=True).cg_dot_dtype == torch.float64
+
+
 def test_sgn_and_fgn_agree_for_two_classes():
     """C = 2: H_FGN = H_GGN, so converged cold-started SGN and FGN steps coincide."""
     x, y = _batch(8, 3, 2, seed=12)

@@ -94,6 +94,12 @@ def _dot(a: Tensor, b: Tensor) -> float:
     return float(torch.dot(a.reshape(-1).double(), b.reshape(-1).double()))
 
 
+def _native_dot(a: Tensor, b: Tensor) -> float:
+    """Inner product in the vectors' own dtype (one BLAS ``dot``, no float64 copies: ~7x cheaper
+    than :func:`_dot` on a 2M-vector on one CPU core; JAX/SciPy ``cg`` semantics)."""
+    return float(torch.dot(a.reshape(-1), b.reshape(-1)))
+
+
 def _pcg_iterations(
     matvec: MatVec,
     b: Tensor,
@@ -102,17 +108,20 @@ def _pcg_iterations(
     maxiter: int,
     should_stop: Callable[[int, Tensor, Tensor, float], bool],
     on_iterate: Callable[[int, Tensor, Tensor], None] | None = None,
+    dot: Callable[[Tensor, Tensor], float] = _dot,
 ) -> tuple[Tensor, int, str, list[float]]:
     """Core PCG loop shared by both solvers.
 
     ``should_stop(i, x, r, rnorm)`` is asked after every completed iteration ``i`` (and once with
     ``i = 0`` before the first one); ``on_iterate(i, x, r)`` sees every completed iterate.
+    Without a preconditioner ``rᵀz = rᵀr`` reuses the residual's dot (one fewer per iteration).
     Returns ``(x, iterations, stop_reason, residual_norms)``.
     """
     apply_m = _as_precond(precond)
     x = torch.zeros_like(b) if x0 is None else x0.clone().to(b)
     r = b.clone() if x0 is None else b - matvec(x)
-    rnorms = [math.sqrt(max(_dot(r, r), 0.0))]
+    rr = dot(r, r)
+    rnorms = [math.sqrt(max(rr, 0.0))]
     if on_iterate is not None:
         on_iterate(0, x, r)
     if not math.isfinite(rnorms[0]):
@@ -120,7 +129,7 @@ def _pcg_iterations(
     if should_stop(0, x, r, rnorms[0]):
         return x, 0, "converged", rnorms
     z = apply_m(r) if apply_m is not None else r
-    rz = _dot(r, z)
+    rz = rr if apply_m is None else dot(r, z)
     p = z.clone()
     for i in range(1, maxiter + 1):
         if rnorms[-1] == 0.0:
@@ -130,24 +139,25 @@ def _pcg_iterations(
             # r ≠ 0 but rᵀM⁻¹r ≤ 0: the preconditioner is not positive definite (or overflow)
             return x, i - 1, "breakdown", rnorms
         ap = matvec(p)
-        pap = _dot(p, ap)
+        pap = dot(p, ap)
         if not math.isfinite(pap):
             return x, i - 1, "breakdown", rnorms
         if pap <= 0:
             return x, i - 1, "negative_curvature", rnorms
         alpha = rz / pap
-        x = x + alpha * p
-        r = r - alpha * ap
-        rnorms.append(math.sqrt(max(_dot(r, r), 0.0)))
+        x = torch.add(x, p, alpha=alpha)  # one fused pass, no alpha*p temporary
+        r = torch.add(r, ap, alpha=-alpha)
+        rr = dot(r, r)
+        rnorms.append(math.sqrt(max(rr, 0.0)))
         if on_iterate is not None:
             on_iterate(i, x, r)
         if should_stop(i, x, r, rnorms[-1]):
             return x, i, "converged", rnorms
         z = apply_m(r) if apply_m is not None else r
-        rz_new = _dot(r, z)
+        rz_new = rr if apply_m is None else dot(r, z)
         beta = rz_new / rz
         rz = rz_new
-        p = z + beta * p
+        p = torch.add(z, p, alpha=beta)
     return x, maxiter, "maxiter", rnorms
 
 
@@ -161,6 +171,7 @@ def cg(
     miniter: int = 0,
     callback: Callable[[int, Tensor, Tensor], None] | None = None,
     atol: float = 0.0,
+    dot_dtype: torch.dtype | None = torch.float64,
 ) -> CGResult:
     """Solve ``A x = b`` for SPD ``A`` given as ``matvec``, by preconditioned CG.
 
@@ -168,20 +179,25 @@ def cg(
     residual is the recursively updated one (no extra product). ``maxiter`` defaults to the
     dimension. ``callback(i, x_i, r_i)`` is called for every iterate including ``x_0``.
     Negative curvature and breakdown return the last good iterate (see module docstring).
+    ``dot_dtype``: inner products accumulated in float64 (default) or, with ``None``, in the
+    vectors' own dtype (cheaper on large vectors; what JAX's and SciPy's ``cg`` do).
     """
+    if dot_dtype not in (torch.float64, None):
+        raise ValueError(f"dot_dtype must be torch.float64 or None, got {dot_dtype}")
+    dot = _dot if dot_dtype == torch.float64 else _native_dot
     if b.dim() != 1:
         raise ValueError(f"cg works on flat vectors; got b of shape {tuple(b.shape)}")
     if maxiter is None:
         maxiter = b.numel()
     if maxiter < 0 or miniter < 0 or tol < 0 or atol < 0:
         raise ValueError("maxiter, miniter, tol and atol must be non-negative")
-    b_norm = math.sqrt(_dot(b, b))
+    b_norm = math.sqrt(dot(b, b))
     threshold = max(tol * b_norm, atol)
 
     def should_stop(i: int, x: Tensor, r: Tensor, rnorm: float) -> bool:
         return i >= miniter and rnorm <= threshold
 
-    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, callback)
+    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, callback, dot)
     return CGResult(x=x, iterations=iters, residual_norms=rnorms, stop_reason=reason, b_norm=b_norm)
 
 

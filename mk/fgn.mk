@@ -19,8 +19,8 @@ reproduce-fgn-table1: ## FGN Table 1: accuracy / CE at the shared horizon, time 
 
 reproduce-fgn: reproduce-fgn-fig2 reproduce-fgn-fig3 reproduce-fgn-table1 ## all FGN figures and tables
 
-bench-fgn: ## FGN / SGN / Adam step-time ratios at b=512, D=2048 (results/benchmarks/)
-	$(PY) benchmarks/bench_fgn.py
+bench-fgn: ## FGN / SGN / Adam step-time ratios at b=512, D=2048 (results/benchmarks/; CPU: 1 thread, CPU-seconds clock)
+	$(PY) benchmarks/bench_fgn.py --threads 1
 
 test-fgn: ## the FGN tests only
 	$(PY) -m pytest -q tests/test_fgn_*.py

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import compose
 
 from curvopt.training.build import run_from_config
@@ -37,6 +38,7 @@ def test_cars196_experiment_trains_and_logs(optimizer, tmp_path):
             *SMALL,
         ]
     )
+    assert cfg.trainer.sampling == "static_padded" and cfg.trainer.batch_size == 128
     summary = run_from_config(cfg)
     assert summary["status"] == "completed" and summary["synthetic_data"] is True
     rows = [
@@ -57,3 +59,23 @@ def test_cars196_experiment_trains_and_logs(optimizer, tmp_path):
         assert {r["implementation"] for r in steps} == {"affine"}
     if optimizer == "adam":
         assert steps[0]["lr"] == pytest.approx(3e-4)  # the experiment's Adam variant
+
+
+def test_static_padded_sampler_repeats_the_same_padded_batches_every_epoch():
+    """The paper's static batching: one permutation, ceil(n/b) batches per epoch, the last one
+    padded by wrap-around to the start, identical batches every epoch (8,144 / 128 -> 64 steps)."""
+    from curvopt.training.sampler import BatchSampler
+
+    sampler = BatchSampler(10, "static_padded", seed=3)
+    perm = sampler._perm.tolist()
+    epoch = [sampler.next_indices(4).tolist() for _ in range(3)]
+    assert epoch == [perm[0:4], perm[4:8], perm[8:10] + perm[0:2]]
+    assert [sampler.next_indices(4).tolist() for _ in range(3)] == epoch  # same batches again
+    state = sampler.state_dict()
+    nxt = sampler.next_indices(4).tolist()
+    again = BatchSampler(10, "static_padded", seed=99)
+    again.load_state_dict(state)
+    assert again.next_indices(4).tolist() == nxt == perm[0:4]
+    cars = BatchSampler(8144, "static_padded", seed=0)
+    seen = [cars.next_indices(128) for _ in range(64)]
+    assert len(torch.cat(seen).unique()) == 8144 and cars.next_indices(128).equal(seen[0])

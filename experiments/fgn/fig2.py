@@ -153,6 +153,31 @@ def run_quality(cfg: dict[str, Any], folder: Path) -> None:
 
 
 # -- the figure (records only) ------------------------------------------------------------------------------
+def timing_ratio_table(per_cell: pd.DataFrame, device: str) -> str:
+    """Markdown of panel (a): ms per update per method and C, and the ratios the issue's
+    performance targets are about (to Adam, and FGN over SGN)."""
+    wide = per_cell.pivot(index="C", columns="method", values="ms_mean").sort_index()
+    methods = [m for m in mechanism.METHODS if m in wide]
+    lines = [
+        f"### FGN Figure 2a: ms per update [{device}]",
+        "",
+        "| C | "
+        + " | ".join(f"{m} (ms)" for m in methods)
+        + " | "
+        + " | ".join(f"{m} / adam" for m in methods if m != "adam" and "adam" in wide)
+        + " | fgn_affine / sgn | fgn_generic / sgn |",
+        "|---|" + "---|" * (2 * len(methods) + 1),
+    ]
+    for c, row in wide.iterrows():
+        cells = [f"{row[m]:.2f}" for m in methods]
+        if "adam" in wide:
+            cells += [f"{row[m] / row['adam']:.3f}" for m in methods if m != "adam"]
+        for m in ("fgn_affine", "fgn_generic"):
+            cells.append(f"{row[m] / row['sgn']:.3f}" if {m, "sgn"} <= set(wide) else "")
+        lines.append(f"| {int(c)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(folder: Path, figures: Path, profile: str) -> Path:
     import matplotlib
 
@@ -167,6 +192,8 @@ def plot(folder: Path, figures: Path, profile: str) -> Path:
         timing = pd.DataFrame([json.loads(line) for line in timing_path.read_text().splitlines()])
         timing = timing[timing["status"] == "ok"]
         device = ", ".join(sorted(set(timing["device"].astype(str)))) if len(timing) else "?"
+        if "clock" in timing and timing["clock"].notna().any():
+            device += ", " + "/".join(sorted(set(timing["clock"].dropna().astype(str)))) + " clock"
         if "load_avg_1min" in timing and timing["load_avg_1min"].notna().any():
             device += f", load {timing['load_avg_1min'].min():.1f}-{timing['load_avg_1min'].max():.1f}"
         per_cell = timing.groupby(["method", "C"])["ms_mean"].median().reset_index()
@@ -177,6 +204,11 @@ def plot(folder: Path, figures: Path, profile: str) -> Path:
             colour, marker = METHOD_STYLE[method]
             ax.plot(part["C"], part["ms_mean"], marker=marker, color=colour, label=METHOD_LABELS[method])
         per_cell.to_csv(folder / "fig2a_series.csv", index=False)
+        ratios = timing_ratio_table(per_cell, device)
+        (folder / "fig2a_ratios.md").write_text(ratios)
+        tables = figures.parent.parent / "tables"  # results/figures/fgn -> results/tables
+        tables.mkdir(parents=True, exist_ok=True)
+        (tables / f"fgn_fig2a_{profile}.md").write_text(ratios)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.legend(fontsize=8)

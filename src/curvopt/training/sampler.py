@@ -1,12 +1,16 @@
 """Mini-batch samplers over in-memory training sets, with resumable state.
 
 The loop asks the sampler for ``next(batch_size)`` where the size may change every step (SHF
-grows its batch). Three modes cover the papers' protocols:
+grows its batch). Four modes cover the papers' protocols:
 
 * ``epoch``: reshuffle every pass, consume the permutation in order (standard SGD epochs);
 * ``independent``: each batch is a fresh draw without replacement from the whole set,
   independent across steps (SHF: "never the same mini-batch");
-* ``static``: one seeded permutation, consumed cyclically with wrap-around (FGN's protocol).
+* ``static``: one seeded permutation, consumed cyclically with wrap-around;
+* ``static_padded``: one seeded permutation cut into the same ``ceil(n / batch)`` batches every
+  epoch, the last one padded by wrap-around to the start of the permutation (the FGN paper's
+  "static batching": 8,144 examples in batches of 128 give 64 steps per epoch, 48 examples
+  repeated, and every epoch sees the identical batches).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-SAMPLING_MODES = ("epoch", "independent", "static")
+SAMPLING_MODES = ("epoch", "independent", "static", "static_padded")
 
 
 class BatchSampler:
@@ -42,6 +46,14 @@ class BatchSampler:
         self.examples_seen += batch_size
         if self.mode == "independent":
             return torch.randperm(self.n, generator=self.generator)[:batch_size]
+        if self.mode == "static_padded":
+            if self._pos >= self.n:  # a new epoch starts the permutation again
+                self._pos = 0
+            head = self._perm[self._pos : self._pos + batch_size]
+            self._pos += batch_size
+            if head.numel() < batch_size:  # last batch of the epoch: pad from the start
+                head = torch.cat([head, self._perm[: batch_size - head.numel()]])
+            return head
         parts, need = [], batch_size
         while need > 0:
             if self._pos >= self.n:

@@ -11,8 +11,9 @@ Finished (or diverged) runs are kept (``curvopt.runs.ensure_run``). A task whose
 are missing is skipped with the loader's message (what to download, where to put it) and shows up
 as "missing" in the tables. A run that fails is reported and does not stop the others. On the CPU
 every run gets ``OMP_NUM_THREADS=1`` (``--threads``): on a shared 2-core machine, torch's spinning
-intra-op threads otherwise make step times 50× noisier. Extra Hydra overrides after ``--`` go to
-every run (e.g. ``-- trainer.device=cuda``).
+intra-op threads otherwise make step times 50× noisier; without CUDA the runs time their steps in
+process CPU seconds (``--timer``), which other jobs on the machine cannot inflate. Extra Hydra
+overrides after ``--`` go to every run (e.g. ``-- trainer.device=cuda``).
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ def planned_runs(
     return runs
 
 
+def timer_overrides(args: argparse.Namespace) -> list[str]:
+    """``--timer process``: the loop times steps in process CPU seconds with ``--threads`` torch
+    threads (other jobs on a shared CPU cannot inflate them); ``wall``: the loop's default."""
+    if args.timer == "process":
+        return ["trainer.clock=process", f"trainer.num_threads={args.threads}"]
+    return []
+
+
 def ensure(
     what: str, tasks: list[analysis.Task], args: argparse.Namespace, overrides: list[str]
 ) -> dict[str, str]:
@@ -119,7 +128,12 @@ def ensure(
                     optimizer,
                     args.seed,
                     args.profile,
-                    [*extra, *([f"logger={args.logger}"] if args.logger else []), *overrides],
+                    [
+                        *extra,
+                        *([f"logger={args.logger}"] if args.logger else []),
+                        *timer_overrides(args),
+                        *overrides,
+                    ],
                     suffix=suffix,
                     results_dir=args.results_dir,
                     dry_run=args.dry_run,
@@ -212,12 +226,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--show-omitted", action="store_true", help="Figure 6: draw what the paper omits")
     p.add_argument("--threads", type=int, default=1, help="OMP/MKL threads per CPU run")
+    p.add_argument(
+        "--timer",
+        choices=["auto", "wall", "process"],
+        default="auto",
+        help="step clock of the runs: process CPU seconds (shared CPUs) or wall (GPU; the paper's); "
+        "auto = wall when CUDA is available, else process",
+    )
     p.add_argument("--logger", default="none", help="logger config for the runs ('' keeps the default)")
     p.add_argument("--no-run", action="store_true", help="only build tables/figures from existing records")
     p.add_argument("--dry-run", action="store_true", help="print the commands of missing runs")
     args = p.parse_args(argv)
     if args.lbfgs_histories is None:
         args.lbfgs_histories = list(analysis.LBFGS_HISTORIES) if args.profile == "paper" else [10, 40]
+    if args.timer == "auto":
+        import torch
+
+        args.timer = "wall" if torch.cuda.is_available() else "process"
     tasks = [analysis.TASKS[k] for k in args.tasks]
     todo = ["table1", "table2", "fig5", "fig6", "fig2"] if args.what == "all" else [args.what]
     for what in todo:

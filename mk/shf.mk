@@ -24,3 +24,7 @@ reproduce-table2: shf-runs ## SHF-LSMR Table 2 (errors at best validation, next 
 	$(SHF_FIG) table2
 
 reproduce-shf: reproduce-fig2 reproduce-fig3 reproduce-table2 ## all SHF-LSMR figures and tables
+
+.PHONY: bench-shf
+bench-shf: ## SHF building blocks: LSMR iteration vs JVP+VJP, ours vs SciPy, GN·v vs gradient (results/benchmarks/shf.json)
+	$(PY) benchmarks/bench_shf.py --sizes 300 2000 --threads 1 --stat min

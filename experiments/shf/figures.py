@@ -51,6 +51,18 @@ def profile_label(frames: list[pd.DataFrame]) -> str:
     return f"profile: {', '.join(profiles) or 'n/a'}; device: {', '.join(devices) or 'n/a'}"
 
 
+def time_label(frames: list[pd.DataFrame]) -> str:
+    """x-axis label: wall time (the papers' computation time) or, for quick runs timed on a shared
+    CPU, the process's CPU seconds with the thread count."""
+    clocks = sorted({str(c) for df in frames if "clock" in df for c in df["clock"].dropna().unique()})
+    if clocks == ["process"]:
+        threads = sorted(
+            {str(int(t)) for df in frames if "num_threads" in df for t in df["num_threads"].dropna().unique()}
+        )
+        return f"algorithm CPU time [s] ({'/'.join(threads) or '?'} thread(s))"
+    return "computation (algorithm wall) time [s]"
+
+
 def select_runs(df: pd.DataFrame, profile: str) -> pd.DataFrame:
     if df.empty:
         return df
@@ -104,7 +116,7 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                     label="SHF best-validation iterate",
                 )
         ax.set_yscale("log")
-        ax.set_xlabel("computation (algorithm) time [s]")
+        ax.set_xlabel(time_label([df]))
         ax.set_ylabel("reconstruction error E_sq = mean ‖x̂ − x‖²")
         ax.set_title(panel_title(dataset, df))
         ax.grid(alpha=0.3, which="both")
@@ -153,7 +165,7 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                 label=METHOD_LABELS.get(method, method),
             )
             series.append(pts.assign(dataset=dataset, method=method, run_id=run_id))
-        ax.set_xlabel("computation (algorithm) time [s]")
+        ax.set_xlabel(time_label([df]))
         ax.set_ylabel("mini-batch size (curvature batch for HF-CG)")
         ax.set_title(panel_title(dataset, df))
         ax.grid(alpha=0.3)

@@ -71,6 +71,8 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
             ("tag", "cfg.tag"),
             ("synthetic_data", "synthetic_data"),
             ("device", "device"),
+            ("clock", "cfg.trainer.clock"),
+            ("num_threads", "cfg.trainer.num_threads"),
         ):
             frame[key] = s.get(col)
         frames.append(frame)
@@ -86,6 +88,7 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
             "dataset",
             "tag",
             "device",
+            "clock",
         ):
             converted = pd.to_numeric(out[col], errors="coerce")
             if converted.notna().sum() >= out[col].notna().sum() * 0.5:

@@ -1,0 +1,133 @@
+"""Two-iteration smoke runs of every SHF-LSMR experiment config (both methods), and the Figure 2 /
+Figure 3 / Table 2 code drawing from the records those runs write."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from conftest import CONF_DIR, REPO_ROOT, compose
+
+from curvopt.data.common import DataNotFoundError
+from curvopt.training.build import apply_optimizer_variant, run_from_config
+from curvopt.training.records import read_metrics
+
+DATASETS = ("mnist", "curves", "usps")
+METHODS = ("shf_lsmr", "hf_cg")
+# Small subsets so a smoke run costs a second or two; everything else is the experiment's config.
+SHRINK = {
+    "mnist": ["dataset.num_train=300", "dataset.num_val=100", "dataset.num_test=100"],
+    "curves": [
+        "dataset.num_train=300",
+        "dataset.num_val=100",
+        "dataset.num_test=100",
+        "+dataset.generated_train=300",
+        "+dataset.generated_test=200",
+        "dataset.cache=false",
+    ],
+    "usps": ["dataset.num_train=300", "dataset.num_val=100", "dataset.num_test=100"],
+}
+METHOD_SHRINK = {
+    "shf_lsmr": [
+        "optimizer_variants.shf_lsmr.optimizer.batch_size=60",
+        "optimizer_variants.shf_lsmr.optimizer.maxiter=8",
+        "optimizer.miniter=2",
+    ],
+    "hf_cg": ["optimizer.cg_maxiter=5"],
+}
+
+
+def _load_figures():
+    spec = importlib.util.spec_from_file_location("shf_figures", REPO_ROOT / "experiments/shf/figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_shf_experiment_has_quick_and_paper_profiles():
+    names = {p.stem for p in (CONF_DIR / "experiment").glob("shf_fig2_*.yaml")}
+    for d in DATASETS:
+        assert {f"shf_fig2_{d}", f"shf_fig2_{d}_paper"} <= names
+        quick = apply_optimizer_variant(compose([f"experiment=shf_fig2_{d}"]))
+        paper = apply_optimizer_variant(compose([f"experiment=shf_fig2_{d}_paper", "optimizer=hf_cg"]))
+        assert quick.profile == "quick" and quick.trainer.max_algo_time_s > 0
+        assert paper.profile == "paper" and paper.trainer.clock == "wall"
+        assert paper.trainer.max_steps == 500  # Martens' 500 outer iterations
+        assert paper.model.code_activation is None and paper.model.loss == "sigmoid_bce"
+    # Table 1 of the paper: initial / maximum batch sizes and splits
+    mnist = apply_optimizer_variant(compose(["experiment=shf_fig2_mnist_paper"]))
+    assert (mnist.optimizer.batch_size, mnist.optimizer.max_batch_size, mnist.optimizer.damping) == (
+        300,
+        6000,
+        12,
+    )
+    assert (mnist.dataset.num_train, mnist.dataset.num_val) == (50000, 10000)
+    curves = apply_optimizer_variant(compose(["experiment=shf_fig2_curves_paper"]))
+    assert (curves.optimizer.batch_size, curves.optimizer.max_batch_size, curves.optimizer.theta) == (
+        250,
+        2500,
+        0.5,
+    )
+    usps = apply_optimizer_variant(compose(["experiment=shf_fig2_usps_paper"]))
+    assert (usps.optimizer.gamma, usps.optimizer.atol, usps.model.sparse_init_count) == (0.65, 1e-6, 10)
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_two_iterations_of_each_method_then_figures(dataset, tmp_path):
+    for method in METHODS:
+        cfg = compose(
+            [
+                f"experiment=shf_fig2_{dataset}",
+                f"optimizer={method}",
+                "logger=none",
+                "trainer.progress=false",
+                "trainer.max_steps=2",
+                "trainer.eval_every=1",
+                f"paths.results_dir={tmp_path}",
+                f"run_id={method}_quick_s0",
+                *SHRINK[dataset],
+                *METHOD_SHRINK[method],
+            ]
+        )
+        try:
+            summary = run_from_config(cfg)
+        except DataNotFoundError as err:
+            pytest.skip(f"data not available here: {str(err).splitlines()[0]}")
+        assert summary["status"] == "completed", summary
+        rows = read_metrics(Path(summary["run_dir"]) / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1, 2]
+        for key in (
+            "batch_size",
+            "damping",
+            "inner_iters",
+            "inner_stop",
+            "step_length",
+            "rho",
+            "train/E_sq",
+            "train/f",
+            "val/E_sq",
+            "test/E_sq",
+        ):
+            assert key in rows[-1], key
+        assert rows[-1]["train/f"] == pytest.approx(rows[-1]["train/E_sq"] / 2)
+        summary_file = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+        assert summary_file["steps"] == 2
+    figures = _load_figures()
+    out = tmp_path / "figs"
+    png = figures.fig2(tmp_path, [dataset], "quick", out / "fig2.png")
+    assert png.exists() and png.with_suffix(".csv").exists()
+    assert figures.fig3(tmp_path, [dataset], "quick", out / "fig3.png").exists()
+    table = figures.table2(tmp_path, [dataset], "quick", out)
+    assert set(table["method"]) == set(METHODS)
+    assert table["ours_test_E_sq"].notna().all()
+    assert (out / "shf_table2_quick.md").read_text().count("NOT the paper's scale") == 1
+
+
+def test_figures_say_not_run_without_records(tmp_path):
+    figures = _load_figures()
+    png = figures.fig2(tmp_path, ["usps"], "paper", tmp_path / "fig2.png")
+    assert png.exists() and not png.with_suffix(".csv").exists()
+    table = figures.table2(tmp_path, ["usps"], "paper", tmp_path)
+    assert list(table["status"]) == ["not run", "not run"]

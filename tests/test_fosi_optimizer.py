@@ -510,7 +510,14 @@ def test_factory_clips_gradients_element_wise_before_fosi(tmp_path):
     lr = float(cfg.optimizer.lr)
     for p0, p1, r in zip(before, model.parameters(), ref.parameters()):
         torch.testing.assert_close(p1.detach(), p0 - lr * r.grad.clamp(-0.001, 0.001), rtol=0, atol=1e-7)
-    # the AE experiment clips FOSI as it clips HB/Adam (0.5 on the repo's ½-scaled loss)
-    for opt in ("fosi_heavy_ball", "fosi_adam"):
-        ae = apply_optimizer_variant(compose(["experiment=fosi_ae", f"optimizer={opt}"]))
-        assert ae.optimizer.clip_grad_value == 0.5
+    # the AE experiment clips FOSI as it clips HB/Adam (0.5 on the repo's ½-scaled loss); the
+    # variants compose (a key missing from the optimizer's config would fail the struct merge)
+    for opt, key in (
+        ("fosi_heavy_ball", "clip_grad_value"),
+        ("fosi_adam", "clip_grad_value"),
+        ("heavy_ball", "grad_clip_value"),
+        ("adam", "grad_clip_value"),
+    ):
+        for experiment in ("fosi_ae", "fosi_ae_paper"):
+            ae = apply_optimizer_variant(compose([f"experiment={experiment}", f"optimizer={opt}"]))
+            assert ae.optimizer[key] == 0.5

@@ -38,7 +38,7 @@ def commands(quick: bool, py: str = sys.executable) -> list[list[str]]:
             [py, "benchmarks/bench_fgn.py", "--classes", "196", "1024", "--batch-size", "256", "--dim", "512",
              "--repeats", "3", "--threads", "1", "--out", str(out)],
             [py, "benchmarks/bench_fosi.py", "--models", "mlp", "--bases", "heavy_ball", "adam", "--rounds", "4",
-             "--threads", "1", "--out", str(out / "fosi.json")],
+             "--clock", "cpu", "--threads", "1", "--out", str(out / "fosi.json")],
         ]  # fmt: skip
     return [
         [py, "benchmarks/bench_llm_optim.py", "--out-dir", str(BENCH)],
@@ -101,18 +101,25 @@ def llm_rows(data: dict) -> list[dict]:
     return rows
 
 
+FGN_OPTIMIZERS = {
+    "sgn": "SGN (CG in parameter space)",
+    "fgn_affine": "FGN (closed-form Gram)",
+    "fgn_generic": "FGN (generic, torch.func)",
+}
+
+
 def fgn_rows(data: dict) -> list[dict]:
     rows = []
     for c, ratios in data.get("ratios_to_adam", {}).items():
         secs = data["seconds"][c]
         for key, ratio in ratios.items():
-            if key.startswith("adam_fused") or key == "adam":
+            if key not in FGN_OPTIMIZERS:  # adam itself and the GGN-product micro-benchmarks
                 continue
             rows.append(
                 {
                     "paper": "FGN",
                     "task": f"linear head b={data.get('b')}, D={data.get('D')}, C={c}",
-                    "optimizer": key,
+                    "optimizer": FGN_OPTIMIZERS[key],
                     "step ms": 1e3 * secs[key],
                     "step / Adam": ratio,
                     "state MiB": math.nan,

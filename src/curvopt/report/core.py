@@ -203,6 +203,8 @@ def evaluate(item: Item, ctx: Context) -> ItemResult:
         )
     if result.status not in STATUSES:
         raise ValueError(f"{item.paper}/{item.key}: unknown status {result.status!r}")
+    if result.status == NOT_PAPER_SCALE:
+        result.notes.append(f"paper scale: `{item.make} SCALE=paper` (the papers' settings; a GPU for most)")
     if item.title.startswith("Figure") and not result.figures:
         result.notes.append(f"figure not drawn from these records yet: `{item.make}`")
     return result

@@ -243,6 +243,23 @@ def _inline(text: str) -> str:
     return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
+def bench_section(results: Path) -> tuple[str, str, pd.DataFrame] | None:
+    """The cross-paper cost table written by ``make bench`` (results/tables/bench_cross_paper.csv)."""
+    path = results / "tables" / "bench_cross_paper.csv"
+    note = (
+        "Step time and optimizer-state memory relative to Adam on the same task, from the `benchmarks/` "
+        "scripts' JSON (`make bench`; quick mode on a shared 2-core CPU: contended timings, see notes)."
+    )
+    if not path.exists():
+        return "Cross-paper cost vs Adam", note, pd.DataFrame()
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        frame = pd.DataFrame()
+    keep = [c for c in ("paper", "task", "optimizer", "step / Adam", "state / Adam", "notes") if c in frame]
+    return "Cross-paper cost vs Adam", note, frame[keep] if keep else frame
+
+
 def summary_rows(evaluated: list[tuple[Item, ItemResult]]) -> pd.DataFrame:
     return pd.DataFrame(
         [
@@ -282,6 +299,17 @@ def write_markdown(
             for fig in res.figures:
                 lines += [f"![{item.title}]({_relpath(Path(fig), out.parent)})", ""]
             lines.append(f"<sub>Regenerate: `{item.make}`</sub>\n")
+    bench = bench_section(out.parent)
+    if bench is not None:
+        title, note, frame = bench
+        lines += [
+            f"## {title}",
+            "",
+            note,
+            "",
+            _md_table(frame) if not frame.empty else "not run: `make bench`",
+            "",
+        ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -326,6 +354,11 @@ def write_html(
                     f"<p><img alt='{html.escape(item.title)}' src='data:image/png;base64,{data}'></p>"
                 )
             parts.append(f"<p><small>Regenerate: <code>{html.escape(item.make)}</code></small></p>")
+    bench = bench_section(out.parent)
+    if bench is not None:
+        title, note, frame = bench
+        parts += [f"<h2>{html.escape(title)}</h2>", f"<p>{_inline(note)}</p>"]
+        parts.append(_html_table(frame) if not frame.empty else "<p>not run: <code>make bench</code></p>")
     parts.append("</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts) + "\n")

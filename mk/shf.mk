@@ -4,7 +4,7 @@
 SHF_DATASETS ?= $(if $(filter paper,$(SCALE)),mnist curves usps,mnist)
 SHF_SEEDS ?= $(if $(filter paper,$(SCALE)),0 1 2 3 4,0)
 SHF_METHODS ?= shf_lsmr hf_cg
-SHF_FIG := $(PY) experiments/shf/figures.py --profile $(SCALE) --datasets $(SHF_DATASETS)
+SHF_FIG_ARGS = --profile $(SCALE) --datasets $(SHF_DATASETS)
 
 .PHONY: shf-runs reproduce-fig2 reproduce-fig3 reproduce-table2 reproduce-shf
 
@@ -15,13 +15,13 @@ shf-runs:
 	done
 
 reproduce-fig2: shf-runs ## the main job: SHF-LSMR Figure 2 (train dotted / test solid error vs time)
-	$(SHF_FIG) fig2
+	$(PY) experiments/shf/figures.py fig2 $(SHF_FIG_ARGS)
 
 reproduce-fig3: shf-runs ## SHF-LSMR Figure 3 (mini-batch size vs time)
-	$(SHF_FIG) fig3
+	$(PY) experiments/shf/figures.py fig3 $(SHF_FIG_ARGS)
 
 reproduce-table2: shf-runs ## SHF-LSMR Table 2 (errors at best validation, next to the paper's)
-	$(SHF_FIG) table2
+	$(PY) experiments/shf/figures.py table2 $(SHF_FIG_ARGS)
 
 reproduce-shf: reproduce-fig2 reproduce-fig3 reproduce-table2 ## all SHF-LSMR figures and tables
 

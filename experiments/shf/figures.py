@@ -122,10 +122,15 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"SHF-LSMR Figure 2: training (dotted) and test (solid) error vs time — "
+        f"SHF-LSMR Figure 2: training (dotted) and test (solid) error vs time\n"
         f"{profile_label(list(frames.values()))}",
         fontsize=10,
     )
+    return _save(fig, out, series)
+
+
+def _save(fig: plt.Figure, out: Path, series: list[pd.DataFrame]) -> Path:
+    """PNG plus the plotted numbers as CSV next to it (none when no run was found)."""
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
@@ -143,6 +148,22 @@ def _best_val_point(run: pd.DataFrame) -> pd.Series:
     return pd.Series({"algo_time_s": row["algo_time_s"], "test/E_sq": row.get("test/E_sq", np.nan)})
 
 
+def _peak_memory_note(runs: pd.DataFrame) -> str:
+    """Largest logged peak memory of a method's runs (CPU: process RSS incl. data; CUDA: allocated)."""
+    if "peak_mem_bytes" not in runs or runs["peak_mem_bytes"].dropna().empty:
+        return ""
+    return f" (peak mem {runs['peak_mem_bytes'].max() / 2**20:.0f} MiB)"
+
+
+def _training_set_size(results: Path, dataset: str, run_id: str) -> int | None:
+    summaries = load_summaries(results, experiment_name(dataset))
+    row = summaries[summaries["run_id"] == run_id]
+    if row.empty or "cfg.dataset.num_train" not in row:
+        return None
+    value = row["cfg.dataset.num_train"].iloc[0]
+    return int(value) if pd.notna(value) else None
+
+
 def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
     frames = {d: select_runs(load_runs(results, experiment_name(d)), profile) for d in datasets}
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), 4.0), squeeze=False)
@@ -155,6 +176,8 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
             continue
         for (method, run_id), run in df.groupby(["optimizer", "run_id"], sort=True):
             pts = run[["algo_time_s", "batch_size"]].dropna()
+            if not pts.empty and pts["algo_time_s"].iloc[0] > 0:  # the first batch is in use from t = 0
+                pts = pd.concat([pts.iloc[:1].assign(algo_time_s=0.0), pts], ignore_index=True)
             ax.step(
                 pts["algo_time_s"],
                 pts["batch_size"],
@@ -162,9 +185,20 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                 color=METHOD_COLOURS.get(method),
                 lw=1.0,
                 alpha=0.8,
-                label=METHOD_LABELS.get(method, method),
+                label=METHOD_LABELS.get(method, method) + _peak_memory_note(df[df["optimizer"] == method]),
             )
             series.append(pts.assign(dataset=dataset, method=method, run_id=run_id))
+            if method == "hf_cg" and "epoch" in run and not pts.empty:
+                # Martens' gradient and line search use the whole training set every iteration
+                n_train = _training_set_size(results, dataset, run_id)
+                if n_train:
+                    ax.axhline(
+                        n_train,
+                        color=METHOD_COLOURS["hf_cg"],
+                        ls="--",
+                        lw=0.8,
+                        label=f"HF-CG gradient / line-search set (N = {n_train})",
+                    )
         ax.set_xlabel(time_label([df]))
         ax.set_ylabel("mini-batch size (curvature batch for HF-CG)")
         ax.set_title(panel_title(dataset, df))
@@ -173,15 +207,9 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
         unique = dict(zip(labels, handles))
         ax.legend(unique.values(), unique.keys(), fontsize=7)
     fig.suptitle(
-        f"SHF-LSMR Figure 3: mini-batch size vs time — {profile_label(list(frames.values()))}", fontsize=10
+        f"SHF-LSMR Figure 3: mini-batch size vs time\n{profile_label(list(frames.values()))}", fontsize=10
     )
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    if series:
-        pd.concat(series).to_csv(out.with_suffix(".csv"), index=False)
-    return out
+    return _save(fig, out, series)
 
 
 def table2(results: Path, datasets: list[str], profile: str, out_dir: Path) -> pd.DataFrame:

@@ -7,8 +7,8 @@ reproduce-alice-table3: ## RACS/Alice Table 3: estimated memory (60M-1B) vs pape
 bench-optim: ## optimizer step cost on the LLaMA-60M matrices (AdamW, RACS, Alice, GaLore, Fira, APOLLO)
 	$(PY) benchmarks/bench_llm_optim.py --out-dir results/benchmarks
 
-bench-optim-quick: ## the same in --quick mode (< 2 min)
-	$(PY) benchmarks/bench_llm_optim.py --quick --out-dir results/benchmarks
+bench-optim-quick: ## the same in --quick mode, one thread, process CPU time (a few min on a shared CPU)
+	$(PY) benchmarks/bench_llm_optim.py --quick --threads 1 --out-dir results/benchmarks
 
 test-alice: ## RACS/Alice optimizer, grouping and memory tests
 	$(PY) -m pytest -q tests/test_racs_optimizer.py tests/test_alice_optimizer.py tests/test_alice_grouping.py tests/test_alice_baselines.py

@@ -125,6 +125,15 @@ def test_table1_from_records(records):
     assert notes_rel["thresholds"] == [0.38, 0.39, 0.396]
     _, notes_real = cars196.table1(runs, synthetic=False)
     assert notes_real["thresholds"] == [0.42, 0.43, 0.44]
+    # whole runs (no horizon): SGN reaches 30 % at 3 s, so the SGN/FGN ratio exists at both levels
+    whole, _ = cars196.whole_run_times(runs, synthetic=True, thresholds=[0.1, 0.3])
+    w = whole.set_index("method")
+    assert (
+        abs(w.loc["sgn", "time_to_30.0%"] - 3.0) < 3e-3 and abs(w.loc["adam", "time_to_30.0%"] - 1.0) < 3e-3
+    )
+    assert all(abs(v - 2.0) < 1e-2 for v in cars196.speedups(whole).values())
+    _, whole_rel = cars196.whole_run_times(runs, synthetic=True)  # fractions of Adam's final 30 %
+    assert whole_rel["thresholds"] == [0.285, 0.292, 0.297]
 
 
 def test_analysis_writes_table_and_figure(records, capsys):
@@ -135,7 +144,8 @@ def test_analysis_writes_table_and_figure(records, capsys):
     table = pd.read_csv(out / "table1.csv")
     assert set(table["method"]) == {"adam", "sgn", "fgn"}
     text = (out / "table1.md").read_text()
-    assert "SYNTHETIC" in text and "Paper" in text and "–" in text
+    assert "SYNTHETIC" in text and "Paper" in text and "–" in text and "whole runs" in text
+    assert (out / "time_to_threshold_whole_runs.csv").is_file()
     fig = records / "figures" / "fgn" / "fig3_quick.png"
     assert fig.stat().st_size > 10_000
     series = pd.read_csv(fig.with_suffix(".csv"))

@@ -131,3 +131,85 @@ def test_linear_head_matches_the_paper_size_and_init():
     assert torch.all(linear_head(8, 3, init="zeros").weight == 0)
     with pytest.raises(ValueError, match="unknown init"):
         linear_head(init="xavier")
+
+
+class _FakeResNet(torch.nn.Module):
+    """Stands in for torchvision's ResNet-50: 2048-d "pooled" features that depend on the image,
+    an ``fc`` the pipeline must replace by ``Identity``, and a record of the mode it ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("proj", torch.randn(3 * 4 * 4, 2048, generator=g))
+        self.fc = torch.nn.Linear(2048, 1000)
+        self.modes: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.modes.append(self.training)
+        return self.fc(x.flatten(1) @ self.proj)
+
+
+def _fake_torchvision(monkeypatch) -> list[_FakeResNet]:
+    import sys
+    import types
+
+    import numpy as np
+
+    built: list[_FakeResNet] = []
+
+    class Weights:
+        url = "https://download.pytorch.org/models/resnet50-11ad3fa6.pth"
+
+        def transforms(self):
+            return lambda img: torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+
+    def resnet50(weights=None):
+        assert isinstance(weights, Weights)
+        built.append(_FakeResNet())
+        return built[-1]
+
+    models = types.SimpleNamespace(
+        resnet50=resnet50,
+        ResNet50_Weights=types.SimpleNamespace(IMAGENET1K_V1=Weights(), IMAGENET1K_V2=Weights()),
+    )
+    monkeypatch.setitem(sys.modules, "torchvision", types.SimpleNamespace(models=models))
+    return built
+
+
+def test_image_folder_to_feature_cache_to_standardised_bundle(tmp_path, monkeypatch):
+    """The real pipeline end to end with a fake ResNet-50 (no torchvision, weights or Cars196
+    here): class folders in sorted order give labels 0..195, the backbone runs in eval mode with
+    fc = Identity, features are cached once and standardised with train statistics."""
+    from PIL import Image
+
+    built = _fake_torchvision(monkeypatch)
+    root = tmp_path / "cars196" / "images"
+    g = torch.Generator().manual_seed(1)
+    pixels = {}
+    for split, per_class in (("train", 2), ("test", 1)):
+        for k in range(NUM_CLASSES):
+            folder = root / split / f"class_{k:03d}"
+            folder.mkdir(parents=True)
+            for j in range(per_class):
+                arr = torch.randint(0, 256, (4, 4, 3), generator=g, dtype=torch.uint8).numpy()
+                Image.fromarray(arr).save(folder / f"{j}.png")
+                pixels[(split, k, j)] = arr
+    data = cars196(data_dir=str(tmp_path), extract_batch_size=50)
+    cache = tmp_path / "cars196" / "features" / "resnet50_IMAGENET1K_V2.pt"
+    assert cache.is_file() and data.meta["synthetic"] is False
+    assert len(built) == 2 and all(not m for net in built for m in net.modes)  # eval mode
+    assert all(isinstance(net.fc, torch.nn.Identity) for net in built)
+    raw = torch.load(cache, weights_only=True)
+    assert raw["train_x"].shape == (2 * NUM_CLASSES, 2048) and raw["test_x"].shape == (NUM_CLASSES, 2048)
+    assert raw["train_y"].tolist() == [k for k in range(NUM_CLASSES) for _ in range(2)]
+    assert raw["test_y"].tolist() == list(range(NUM_CLASSES))
+    # the cached feature of one image is the backbone applied to that image alone
+    one = torch.from_numpy(pixels[("test", 7, 0)].astype("float32") / 255.0).permute(2, 0, 1)
+    torch.testing.assert_close(raw["test_x"][7], (one.flatten() @ built[0].proj), rtol=1e-4, atol=1e-4)
+    # standardised with train statistics only (population std + eps), same map on test
+    mean, std = raw["train_x"].mean(0), raw["train_x"].std(0, unbiased=False) + 1e-6
+    torch.testing.assert_close(data.train[0], (raw["train_x"] - mean) / std, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(data.test[0], (raw["test_x"] - mean) / std, rtol=1e-4, atol=1e-4)
+    # a second call reads the cache and does not extract again
+    cars196(data_dir=str(tmp_path))
+    assert len(built) == 2

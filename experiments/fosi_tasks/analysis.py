@@ -321,6 +321,9 @@ def markdown_table(table: pd.DataFrame, which: str, profile: str, clock: str) ->
         f"### FOSI {title}: seconds to reach the base optimizer's best {metric} "
         f"(profile `{profile}`, clock `{clock}`; paper: A40 GPU, JAX)",
         "",
+        "Clock `algo`: the loop's optimizer-step time without evaluation (CPU runs of the driver: process"
+        " CPU seconds, one thread); `wall`: elapsed time with evaluation, as the paper's.",
+        "",
         "| Task | HB | FOSI-HB (target) | ratio | Adam | FOSI-Adam (target) | ratio | paper HB | paper FOSI-HB "
         "| paper ratio | paper Adam | paper FOSI-Adam | paper ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

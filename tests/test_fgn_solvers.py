@@ -278,3 +278,25 @@ def test_wrong_loss_kind_is_rejected():
         FGN(Objective(mlp(3, 4, 5), "squared_error"))
     with pytest.raises(ValueError, match="cross-entropy"):
         SGN(Objective(mlp(3, 4, 5), "squared_error"))
+
+
+@pytest.mark.slow
+def test_compiled_closed_form_step_matches_eager():
+    """``compile=True`` (torch.compile of the closed-form solve, fixed-length masked CG loop, the
+    way the paper timed JIT-compiled steps) takes the same steps as the eager code. ~1 min of
+    Inductor compilation on a CPU, hence slow."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 16, generator=g), torch.randint(0, 7, (32,), generator=g)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(torch.nn.Linear(16, 7))
+    eager = FGN(Objective(models[0], "cross_entropy"), implementation="affine", cg_early_exit=False)
+    compiled = FGN(
+        Objective(models[1], "cross_entropy"), implementation="affine", compile=True, cg_early_exit=False
+    )
+    for _ in range(3):
+        se, sc = eager.step((x, y)), compiled.step((x, y))
+        assert se["cg_iters"] == sc["cg_iters"] and se["loss"] == pytest.approx(sc["loss"], rel=1e-5)
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

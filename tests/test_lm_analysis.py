@@ -54,6 +54,16 @@ specs = _load("specs")
 figures = _load("figures")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one thread is as fast, and threaded EVD/QR crawls when other processes share
+    the 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _fake_run(
     root: Path, experiment: str, key: str, ppl: list[float], tps: float, status: str = "completed"
 ) -> None:

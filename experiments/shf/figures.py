@@ -76,7 +76,7 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
     for ax, dataset in zip(axes[0], datasets):
         df = frames[dataset]
         if df.empty:
-            ax.text(0.5, 0.5, f"no {profile} runs", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, _not_run(dataset, profile), ha="center", va="center", transform=ax.transAxes)
             ax.set_title(dataset)
             continue
         for method, runs in df.groupby("optimizer", sort=True):
@@ -129,6 +129,11 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
     return _save(fig, out, series)
 
 
+def _not_run(dataset: str, profile: str) -> str:
+    scale = "" if profile == "quick" else f" SCALE={profile}"
+    return f"no {profile} runs:\nmake reproduce-fig2{scale} SHF_DATASETS={dataset}"
+
+
 def _save(fig: plt.Figure, out: Path, series: list[pd.DataFrame]) -> Path:
     """PNG plus the plotted numbers as CSV next to it (none when no run was found)."""
     fig.tight_layout()
@@ -171,7 +176,7 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
     for ax, dataset in zip(axes[0], datasets):
         df = frames[dataset]
         if df.empty or "batch_size" not in df:
-            ax.text(0.5, 0.5, f"no {profile} runs", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, _not_run(dataset, profile), ha="center", va="center", transform=ax.transAxes)
             ax.set_title(dataset)
             continue
         for (method, run_id), run in df.groupby(["optimizer", "run_id"], sort=True):

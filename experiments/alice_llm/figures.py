@@ -230,6 +230,14 @@ def table2_markdown(df: pd.DataFrame, profile: str) -> str:
         "",
         f"Device: {', '.join(devices) or 'n/a'}. Paper TP: A100s (GPU count not stated); compare ratios only.",
     ]
+    if devices == ["cpu"]:
+        lines += [
+            "",
+            "TP here is each run's wall-clock tokens/s on a CPU that may be shared with other jobs, at "
+            "whatever load each run saw: TP ratios between these runs are not controlled. "
+            "`benchmarks/bench_llm_throughput.py --threads 1` times all methods back to back on the "
+            "process clock (`results/benchmarks/llm_throughput*.md`).",
+        ]
     return "\n".join(lines) + "\n"
 
 

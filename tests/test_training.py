@@ -223,3 +223,20 @@ def test_process_clock_counts_cpu_seconds_of_the_step(tmp_path, monkeypatch):
 def test_unknown_clock_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="trainer.clock must be 'wall' or 'process'"):
         _run(tmp_path, ["optimizer=adam", "trainer.max_steps=1", "run_id=x", "trainer.clock=gpu"])
+
+
+def test_loop_clipping_on_an_own_algorithm_is_refused(tmp_path):
+    """Factories that return their own Algorithm step themselves: the loop cannot clip for them, so a
+    `grad_clip_value` there must fail loudly instead of being ignored."""
+    cfg = compose(
+        [
+            "dataset=synthetic_images",
+            "model=tiny_autoencoder",
+            "optimizer=hf_cg",
+            "+optimizer.grad_clip_value=1.0",
+            "logger=none",
+            f"paths.results_dir={tmp_path}",
+        ]
+    )
+    with pytest.raises(ValueError, match="cannot clip its gradients"):
+        run_from_config(cfg)

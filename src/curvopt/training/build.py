@@ -154,6 +154,11 @@ def build_algorithm(
         )
     if scheduler_cfg:
         raise ValueError(f"{target_name} returns its own Algorithm; it cannot take a `scheduler:` key")
+    if clip is not None:
+        raise ValueError(
+            f"{target_name} returns its own Algorithm, so the loop cannot clip its gradients: set the "
+            "algorithm's own clipping option instead of `grad_clip_value` (e.g. FOSI's clip_grad_value)"
+        )
     if not hasattr(algorithm, "step"):
         raise TypeError(f"{target_name} returned {type(algorithm).__name__}, which has no step(batch)")
     return algorithm

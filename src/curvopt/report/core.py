@@ -315,6 +315,28 @@ def write_markdown(
     return out
 
 
+def _png_for_html(path: Path, max_width: int = 1400) -> bytes:
+    """The PNG for embedding: at most ``max_width`` pixels wide and quantised to a 256-colour palette
+    (plots lose nothing visible; REPORT.html shrinks ~3x). The file unchanged when that is not
+    smaller or Pillow cannot read it."""
+    raw = path.read_bytes()
+    try:
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(raw)) as img:
+            small = img.convert("RGB")
+            if small.width > max_width:
+                size = (max_width, round(small.height * max_width / small.width))
+                small = small.resize(size, Image.LANCZOS)
+            buf = io.BytesIO()
+            small.quantize(256).save(buf, format="PNG", optimize=True)
+            return buf.getvalue() if buf.tell() < len(raw) else raw
+    except Exception:  # not a PNG Pillow reads: embed it unchanged
+        return raw
+
+
 _CSS = """body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em;line-height:1.4}
 table{border-collapse:collapse;margin:.5em 0;font-size:.85em}td,th{border:1px solid #bbb;padding:2px 6px}
 th{background:#eee}img{max-width:100%;border:1px solid #ddd}code{background:#f4f4f4;padding:0 2px}
@@ -349,7 +371,7 @@ def write_html(
             if res.notes:
                 parts.append("<ul>" + "".join(f"<li>{_inline(n)}</li>" for n in res.notes) + "</ul>")
             for fig in res.figures:
-                data = base64.b64encode(Path(fig).read_bytes()).decode()
+                data = base64.b64encode(_png_for_html(Path(fig))).decode()
                 parts.append(
                     f"<p><img alt='{html.escape(item.title)}' src='data:image/png;base64,{data}'></p>"
                 )

@@ -515,6 +515,8 @@ def write(name: str, cells: list[tuple[str, str]]) -> Path:
     nb = nbf.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbf.v4.new_markdown_cell(s) if kind == "md" else nbf.v4.new_code_cell(s) for kind, s in cells]
+    for i, cell in enumerate(nb.cells):  # stable ids: regenerating gives no diff
+        cell.id = f"{Path(name).stem}-{i:02d}"
     path = Path(__file__).with_name(name)
     nbf.write(nb, path)
     return path

@@ -110,20 +110,27 @@ def margin_logit_gradient(logits: Tensor, y: Tensor) -> Tensor:
 def margin_terms(logits: Tensor, y: Tensor, inplace: bool = False) -> tuple[Tensor, Tensor]:
     """``(s, a)`` in few passes over the logits: margins and ``a = ∇_z s = ρ_full − e_y``.
 
-    The true class is knocked out with a ``scatter`` of −inf (b entries, no b×C mask),
-    ``ρ = exp(z_masked − logsumexp)`` reuses the reduction that gives ``s`` (same values as
-    :func:`competitor_distribution`), and ``a`` is ``ρ`` with −1 scattered into the true class
-    (``ρ_y = 0``). The dispersion follows from ``a`` as ``ξ = 2 − ‖a‖²``. With ``inplace=True``
-    the logits tensor itself becomes ``a`` (the closed-form step owns its logits); otherwise it is
-    left untouched.
+    The true class is knocked out with a ``scatter`` of −inf (b entries, no b×C mask). The
+    competitor softmax is one in-place pass sequence over the b×C buffer: row max ``m``,
+    ``exp(z − m)`` (0 at the true class), row sum ``S``, ``ρ = exp(z − m) / S``; the same ``m`` and
+    ``S`` give ``logsumexp_{j≠y} z_j = m + log S`` and hence ``s`` (the values of
+    :func:`competitor_distribution` and ``torch.logsumexp`` to rounding, but one exponential pass and
+    no b×C temporaries instead of two and three). ``a`` is ``ρ`` with −1 scattered into the true
+    class (``ρ_y = 0``). The dispersion follows from ``a`` as ``ξ = 2 − ‖a‖²``. With
+    ``inplace=True`` the logits tensor itself becomes ``a`` (the closed-form step owns its logits);
+    otherwise it is left untouched. Needs finite logits and ``C ≥ 2`` (every row has a finite
+    competitor), which :func:`check_classification_batch` ensures.
     """
     index = y[:, None]
     true = logits.gather(1, index).squeeze(1)
     a = logits if inplace else logits.clone()
     a.scatter_(1, index, float("-inf"))
-    lse = torch.logsumexp(a, dim=1)
-    a.sub_(lse[:, None]).exp_()
+    row_max = a.amax(dim=1, keepdim=True)
+    a.sub_(row_max).exp_()
+    row_sum = a.sum(dim=1, keepdim=True)
+    a.div_(row_sum)
     a.scatter_(1, index, -1.0)
+    lse = (row_max + row_sum.log()).squeeze(1)
     return lse - true, a
 
 

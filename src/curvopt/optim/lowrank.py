@@ -66,6 +66,21 @@ def official_available(method: str) -> bool:
     return True
 
 
+def _two_groups(
+    adam_params: Iterable[torch.nn.Parameter],
+    method_params: Iterable[torch.nn.Parameter],
+    adam_lr: float | None,
+    **method_options: Any,
+) -> list[dict[str, Any]]:
+    """The §7.2 grouping as the official packages take it: an Adam group (optionally with its own lr)
+    and a group carrying the projection options; empty groups are dropped."""
+    groups = [
+        {"params": list(adam_params), **({"lr": adam_lr} if adam_lr is not None else {})},
+        {"params": list(method_params), **method_options},
+    ]
+    return [g for g in groups if g["params"]]
+
+
 def galore(
     adam_params: Iterable[torch.nn.Parameter],
     method_params: Iterable[torch.nn.Parameter],
@@ -81,17 +96,15 @@ def galore(
 ) -> torch.optim.Optimizer:
     """Official ``GaLoreAdamW`` (Table 7: lr 0.02, scale 0.3, rank 128/256/256/512, gap 200)."""
     cls = official_class("galore")
-    groups = [
-        {"params": list(adam_params), **({"lr": adam_lr} if adam_lr is not None else {})},
-        {
-            "params": list(method_params),
-            "rank": rank,
-            "update_proj_gap": update_proj_gap,
-            "scale": scale,
-            "proj_type": proj_type,
-        },
-    ]
-    groups = [g for g in groups if g["params"]]
+    groups = _two_groups(
+        adam_params,
+        method_params,
+        adam_lr,
+        rank=rank,
+        update_proj_gap=update_proj_gap,
+        scale=scale,
+        proj_type=proj_type,
+    )
     return cls(
         groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_deprecation_warning=True
     )
@@ -112,17 +125,15 @@ def fira(
 ) -> torch.optim.Optimizer:
     """Official ``FiraAdamW`` (Table 7 values; ``alpha`` is Fira's name for GaLore's scale)."""
     cls = official_class("fira")
-    groups = [
-        {"params": list(adam_params), **({"lr": adam_lr} if adam_lr is not None else {})},
-        {
-            "params": list(method_params),
-            "rank": rank,
-            "update_proj_gap": update_proj_gap,
-            "alpha": alpha,
-            "proj_type": proj_type,
-        },
-    ]
-    groups = [g for g in groups if g["params"]]
+    groups = _two_groups(
+        adam_params,
+        method_params,
+        adam_lr,
+        rank=rank,
+        update_proj_gap=update_proj_gap,
+        alpha=alpha,
+        proj_type=proj_type,
+    )
     return cls(
         groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_deprecation_warning=True
     )
@@ -148,19 +159,17 @@ def apollo(
     """Official ``APOLLOAdamW``. APOLLO: rank ≈ h/4, channel, random, scale 1; APOLLO-Mini: rank 1,
     tensor, random, scale 128; APOLLO-svd: ``proj="svd"``, channel."""
     cls = official_class("apollo")
-    groups = [
-        {"params": list(adam_params), **({"lr": adam_lr} if adam_lr is not None else {})},
-        {
-            "params": list(method_params),
-            "rank": rank,
-            "proj": proj,
-            "scale_type": scale_type,
-            "update_proj_gap": update_proj_gap,
-            "scale": scale,
-            "proj_type": proj_type,
-        },
-    ]
-    groups = [g for g in groups if g["params"]]
+    groups = _two_groups(
+        adam_params,
+        method_params,
+        adam_lr,
+        rank=rank,
+        proj=proj,
+        scale_type=scale_type,
+        update_proj_gap=update_proj_gap,
+        scale=scale,
+        proj_type=proj_type,
+    )
     return cls(
         groups,
         lr=lr,

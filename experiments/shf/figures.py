@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 
 from curvopt.analysis.curves import mean_curve_on_grid  # noqa: E402
 from curvopt.analysis.records import load_runs, load_summaries  # noqa: E402
+from curvopt.plots.common import save_with_csv  # noqa: E402
 
 METHOD_LABELS = {"shf_lsmr": "SHF-LSMR (ours)", "hf_cg": "Martens HF-CG"}
 METHOD_COLOURS = {"shf_lsmr": "tab:red", "hf_cg": "tab:blue"}
@@ -69,9 +70,15 @@ def select_runs(df: pd.DataFrame, profile: str) -> pd.DataFrame:
     return df[df["profile"] == profile]
 
 
-def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
+def _panels(results: Path, datasets: list[str], profile: str, height: float):
+    """One panel per dataset, with that dataset's runs of ``profile``."""
     frames = {d: select_runs(load_runs(results, experiment_name(d)), profile) for d in datasets}
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), 4.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), height), squeeze=False)
+    return frames, fig, axes
+
+
+def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
+    frames, fig, axes = _panels(results, datasets, profile, 4.3)
     series = []
     for ax, dataset in zip(axes[0], datasets):
         df = frames[dataset]
@@ -135,14 +142,8 @@ def _not_run(dataset: str, profile: str) -> str:
 
 
 def _save(fig: plt.Figure, out: Path, series: list[pd.DataFrame]) -> Path:
-    """PNG plus the plotted numbers as CSV next to it (none when no run was found)."""
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    if series:
-        pd.concat(series).to_csv(out.with_suffix(".csv"), index=False)
-    return out
+    return save_with_csv(fig, out, series)
 
 
 def _best_val_point(run: pd.DataFrame) -> pd.Series:
@@ -160,18 +161,8 @@ def _peak_memory_note(runs: pd.DataFrame) -> str:
     return f" (peak mem {runs['peak_mem_bytes'].max() / 2**20:.0f} MiB)"
 
 
-def _training_set_size(results: Path, dataset: str, run_id: str) -> int | None:
-    summaries = load_summaries(results, experiment_name(dataset))
-    row = summaries[summaries["run_id"] == run_id]
-    if row.empty or "cfg.dataset.num_train" not in row:
-        return None
-    value = row["cfg.dataset.num_train"].iloc[0]
-    return int(value) if pd.notna(value) else None
-
-
 def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
-    frames = {d: select_runs(load_runs(results, experiment_name(d)), profile) for d in datasets}
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), 4.0), squeeze=False)
+    frames, fig, axes = _panels(results, datasets, profile, 4.0)
     series = []
     for ax, dataset in zip(axes[0], datasets):
         df = frames[dataset]
@@ -193,17 +184,16 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                 label=METHOD_LABELS.get(method, method) + _peak_memory_note(df[df["optimizer"] == method]),
             )
             series.append(pts.assign(dataset=dataset, method=method, run_id=run_id))
-            if method == "hf_cg" and "epoch" in run and not pts.empty:
+            if method == "hf_cg" and not pts.empty and pd.notna(run["num_train"].iloc[0]):
                 # Martens' gradient and line search use the whole training set every iteration
-                n_train = _training_set_size(results, dataset, run_id)
-                if n_train:
-                    ax.axhline(
-                        n_train,
-                        color=METHOD_COLOURS["hf_cg"],
-                        ls="--",
-                        lw=0.8,
-                        label=f"HF-CG gradient / line-search set (N = {n_train})",
-                    )
+                n_train = int(run["num_train"].iloc[0])
+                ax.axhline(
+                    n_train,
+                    color=METHOD_COLOURS["hf_cg"],
+                    ls="--",
+                    lw=0.8,
+                    label=f"HF-CG gradient / line-search set (N = {n_train})",
+                )
         ax.set_xlabel(time_label([df]))
         ax.set_ylabel("mini-batch size (curvature batch for HF-CG)")
         ax.set_title(panel_title(dataset, df))

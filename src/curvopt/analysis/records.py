@@ -73,6 +73,7 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
             ("device", "device"),
             ("clock", "cfg.trainer.clock"),
             ("num_threads", "cfg.trainer.num_threads"),
+            ("num_train", "cfg.dataset.num_train"),
         ):
             frame[key] = s.get(col)
         frames.append(frame)

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from curvopt.analysis.records import load_runs  # noqa: E402
+from curvopt.plots.common import save_with_csv  # noqa: E402
 
 
 def plot_error_vs_time(
@@ -65,13 +66,7 @@ def plot_error_vs_time(
     fig.tight_layout()
     if out_path is None:
         return None
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=130)
-    plt.close(fig)
-    if plotted:
-        pd.concat(plotted).to_csv(out_path.with_suffix(".csv"), index=False)
-    return out_path
+    return save_with_csv(fig, out_path, plotted)
 
 
 def main() -> None:

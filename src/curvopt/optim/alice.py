@@ -350,21 +350,37 @@ class Alice(MatrixOptimizer):
 
         sigma = U.T @ G  # r×n
         if Qt is not None:
-            Qt.mul_(b3).add_(sigma @ sigma.T, alpha=1 - b3)
-            state["Qt"].copy_(Qt)
-        m1 = state["exp_avg"].to(cdt).mul_(b1).add_(sigma, alpha=1 - b1)
-        v = state["exp_avg_sq"].to(cdt).mul_(b2).addcmul_(sigma, sigma, value=1 - b2)
-        state["exp_avg"].copy_(m1)
-        state["exp_avg_sq"].copy_(v)
+            Qt.mul_(b3).addmm_(sigma, sigma.T, alpha=1 - b3)
+            if Qt is not state["Qt"]:
+                state["Qt"].copy_(Qt)
+        m1 = _in_state_dtype(state["exp_avg"], cdt).mul_(b1).add_(sigma, alpha=1 - b1)
+        v = _in_state_dtype(state["exp_avg_sq"], cdt).mul_(b2).addcmul_(sigma, sigma, value=1 - b2)
+        _store(state, "exp_avg", m1)
+        _store(state, "exp_avg_sq", v)
         if group["bias_correction"]:
             omega = (m1 / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt_().add_(eps))
         else:
-            omega = m1 / v.sqrt().add_(eps)
+            omega = torch.div(m1, v.sqrt().add_(eps))
 
-        upd = self._with_compensation(G, U, sigma, omega, state, group, m, r, b1, eps)
+        inner, colscale, dense = self._with_compensation(G, U, sigma, omega, state, group, m, r, b1, eps)
         scale = -group["lr"] * group["alpha"]
-        upd = upd.T if transposed else upd
-        p.add_(upd.to(p.dtype) if p.dtype != upd.dtype else upd, alpha=scale)
+        target = p.T if transposed else p  # m×n view of the parameter
+        if p.dtype == cdt:
+            # Accumulate straight into the weights: no m×n update temporaries (they cost a DRAM
+            # round trip each, as much as the low-rank arithmetic on a CPU).
+            target.addmm_(U, inner, alpha=scale)
+            if colscale is not None:
+                target.addcmul_(G, colscale[None, :], value=scale)
+            if dense is not None:
+                target.add_(dense, alpha=scale)
+            return
+        if colscale is not None:
+            upd = torch.addmm(G * colscale[None, :], U, inner)
+        else:
+            upd = U @ inner
+        if dense is not None:
+            upd.add_(dense)
+        target.add_(upd.to(p.dtype), alpha=scale)
 
     def _with_compensation(
         self,
@@ -378,18 +394,20 @@ class Alice(MatrixOptimizer):
         r: int,
         b1: float,
         eps: float,
-    ) -> Tensor:
-        """``U ω + α_c Δ_c`` (the bracket of Alg. 4 line 17) for the chosen compensation."""
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The bracket of Alg. 4 line 17, ``U ω + α_c Δ_c``, as ``(inner, colscale, dense)`` with
+        bracket = ``U·inner + G·Diag(colscale) + dense`` (absent terms are ``None``), so that the
+        caller can add it to the weights without forming it."""
         mode = group["compensation"]
         gamma, alpha_c = group["gamma"], group["alpha_c"]
         phi = state["phi"]
         if mode == "none" or m == r:
-            return U @ omega
+            return omega, None, None
         if mode == "optimal":
-            col_g2 = torch.linalg.vector_norm(G, dim=0).square_()
+            col_g2 = _col_sq_norms(G)
             res_sq = (col_g2 - sigma.square().sum(0)).clamp_min_(0)  # ‖g_j‖² − ‖Uᵀg_j‖² (§10.18)
-            pvec = state["p"].to(G.dtype).mul_(b1).add_(res_sq, alpha=1 - b1)
-            state["p"].copy_(pvec)
+            pvec = _in_state_dtype(state["p"], G.dtype).mul_(b1).add_(res_sq, alpha=1 - b1)
+            _store(state, "p", pvec)
             d = pvec.sqrt().add_(eps).reciprocal_()  # Diag(p)^{-1/2}
             root = math.sqrt(m - r)
             orthonormal = group["switch"] not in ("gaussian", "gaussian_mix")
@@ -397,29 +415,46 @@ class Alice(MatrixOptimizer):
                 c_norm = root * torch.sqrt((res_sq * d.square()).sum())  # ‖√(m−r) R D‖_F, R ⟂ U
                 eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
                 phi.copy_(eta * c_norm)
-                coef = (alpha_c * root) * eta.to(G.dtype)
-                Gd = G * (coef * d)[None, :]
-                inner = omega - sigma * (coef * d)[None, :]
-                return torch.addmm(Gd, U, inner)  # U(ω − c σ D) + c G D = Uω + c (G − Uσ) D
+                coef_d = d.mul_((alpha_c * root) * eta.to(G.dtype))
+                # U(ω − c σ D) + c G D = Uω + c (G − Uσ) D
+                return omega.sub_(sigma * coef_d[None, :]), coef_d, None
             C = root * (G - U @ sigma) * d[None, :]
             c_norm = torch.linalg.vector_norm(C)
             eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
             phi.copy_(eta * c_norm)
-            return U @ omega + C.mul_(alpha_c * eta.to(G.dtype))
+            return omega, None, C.mul_(alpha_c * eta.to(G.dtype))
         # Fira-style compensations (Fig. 5c): per column φ_j = ‖ω_j‖ / ‖σ_j‖ on the residual
         R = G - U @ sigma
         scale = torch.linalg.vector_norm(omega, dim=0) / (torch.linalg.vector_norm(sigma, dim=0) + 1e-8)
         C = R * scale[None, :]
         c_norm = torch.linalg.vector_norm(C)
-        low = U @ omega
         if mode == "fira":
             # Fira's rule: limiter on C, added at scale λ (not λα): bracket = Uω + C/α
             eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
             phi.copy_(eta * c_norm)
-            return low + C.mul_(eta.to(G.dtype) / group["alpha"])
+            return omega, None, C.mul_(eta.to(G.dtype) / group["alpha"])
         # fira_plus: Fira's compensation rescaled to ‖Uω‖, times α_c
-        target = torch.linalg.vector_norm(low)
-        return low + C.mul_(alpha_c * target / c_norm.clamp_min(1e-30))
+        target = torch.linalg.vector_norm(U @ omega)
+        return omega, None, C.mul_(alpha_c * target / c_norm.clamp_min(1e-30))
+
+
+def _in_state_dtype(buf: Tensor, dtype: torch.dtype) -> Tensor:
+    """The state tensor itself when it already has the compute dtype (updated in place), else a
+    compute-dtype copy (bf16 states)."""
+    return buf if buf.dtype == dtype else buf.to(dtype)
+
+
+def _store(state: dict[str, Any], key: str, value: Tensor) -> None:
+    if value is not state[key]:
+        state[key].copy_(value)
+
+
+def _col_sq_norms(G: Tensor) -> Tensor:
+    """``‖g_j‖²`` for every column, reduced along the memory-contiguous axis (``G`` is often the
+    transposed view of a weight; a strided reduction is several times slower on a CPU)."""
+    if G.stride(0) == 1 and G.stride(1) != 1:
+        return torch.linalg.vector_norm(G.T, dim=1).square_()
+    return G.square().sum(0)  # torch's vector_norm over dim 0 of a row-major matrix is ~6× slower
 
 
 def alice0(params: Iterable[Any], **kwargs: Any) -> Alice:

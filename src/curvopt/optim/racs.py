@@ -266,21 +266,23 @@ class RACS(MatrixOptimizer):
             )
         state["step"] += 1
         beta, eps = group["beta"], group["eps"]
-
-        G = grad.to(cdt)
-        P = G * G
+        # Scratch matrices (P = G⊙G and the outer product of the scalings) live in one reused
+        # workspace: fresh m×n temporaries per matrix cost page faults and a trip to DRAM each, and
+        # on a CPU those elementwise passes cost as much as the fixed point itself. One workspace
+        # per matrix size keeps P hot in cache for the 2·n_iter matrix–vector products.
+        G = grad if grad.dtype == cdt else self._scratch("G", m, n, cdt, p.device).copy_(grad)
+        P = torch.mul(G, G, out=self._scratch("P", m, n, cdt, p.device))
         q0 = state["q"].to(cdt) if (group["warm_start"] and state["step"] > 1) else None
         s_fp, q_fp = racs_fixed_point(P, int(group["n_iter"]), q0)
         s = state["s"].to(cdt).mul_(beta).add_(s_fp, alpha=1 - beta)
         q = state["q"].to(cdt).mul_(beta).add_(q_fp, alpha=1 - beta)
         state["s"].copy_(s)
         state["q"].copy_(q)
-
-        # G̃ = Diag(q)^{-1/2} G Diag(s)^{-1/2}
-        Gt = (G * q.clamp_min(eps).rsqrt_()[:, None]).mul_(
-            s.clamp_min(eps).rsqrt_()[None, :]
-        )  # never touches p.grad
-        norm = torch.linalg.vector_norm(Gt)
+        # G̃ = Diag(q)^{-1/2} G Diag(s)^{-1/2}, never formed: ‖G̃‖²_F = (q⁻¹)ᵀ P s⁻¹ is one more
+        # product with the cached P, and the update p += c·G⊙(a bᵀ) is one fused pass over G and p.
+        a = q.clamp_min(eps).rsqrt_()
+        b = s.clamp_min(eps).rsqrt_()
+        norm = torch.dot(a * a, torch.mv(P, b * b)).clamp_min_(0).sqrt_()
         phi = state["phi"]
         if group["limiter"]:
             eta = limiter_eta(norm.to(phi.dtype), phi, group["gamma"])
@@ -288,8 +290,16 @@ class RACS(MatrixOptimizer):
         else:
             eta = torch.ones((), dtype=phi.dtype, device=phi.device)
             phi.copy_(norm)
-        scale = (-group["lr"] * group["alpha"]) * eta.to(cdt)
-        if p.dtype == cdt:
-            p.add_(Gt.mul_(scale))
-        else:
-            p.add_(Gt.mul_(scale).to(p.dtype))
+        a.mul_(eta.to(cdt) * (-group["lr"] * group["alpha"]))
+        step = torch.outer(a, b, out=self._scratch("O", m, n, cdt, p.device))
+        p.addcmul_(G, step)  # computed in cdt, rounded once into a bf16 p
+
+    def _scratch(self, name: str, m: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """An m×n view into a reusable buffer (grown to the largest matrix seen, never saved)."""
+        key = (name, dtype, device)
+        workspace: dict[Any, Tensor] = self.__dict__.setdefault("_workspace", {})
+        buf = workspace.get(key)
+        if buf is None or buf.numel() < m * n:
+            buf = torch.empty(m * n, dtype=dtype, device=device)
+            workspace[key] = buf
+        return buf[: m * n].view(m, n)

@@ -66,7 +66,13 @@ def _step_times(algorithm, batches, warmup: int, device: torch.device) -> list[f
 
 
 def measure(
-    task: analysis.Task, base: str, profile: str, steps: int, device: str, ese_repeats: int = 2
+    task: analysis.Task,
+    base: str,
+    profile: str,
+    steps: int,
+    device: str,
+    ese_repeats: int = 2,
+    fosi_overrides: list[str] | None = None,
 ) -> dict:
     fosi_name = f"fosi_{base}"
     common = [
@@ -92,7 +98,8 @@ def measure(
     algo = build_algorithm(cfg.optimizer, Objective(model, loss), data)
     base_times = _step_times(algo, batches, 3, dev)
 
-    cfg = compose([*common, f"optimizer={fosi_name}"])
+    cfg = compose([*common, f"optimizer={fosi_name}", *(fosi_overrides or [])])
+    out["fosi_overrides"] = list(fosi_overrides or [])
     profile_T = int(cfg.optimizer.ese_period)
     cfg.optimizer.ese_warmup = 10**9  # no ESE inside the timed steps
     torch.manual_seed(0)
@@ -138,7 +145,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ese-repeats", type=int, default=2)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared CPU)")
+    p.add_argument(
+        "--fosi-overrides",
+        nargs="*",
+        default=[],
+        help="Hydra overrides for the FOSI runs only, e.g. optimizer.hvp_mode=reverse_over_reverse",
+    )
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "tables"))
+    p.add_argument(
+        "--tag", default="", help="suffix of the output file name (fosi_overhead_<profile><tag>.json)"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     data_dir = Path(os.environ.get("CURVOPT_DATA_DIR", REPO_ROOT / "data"))
@@ -150,7 +166,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[skip {key}] {problem.splitlines()[0]}")
             continue
         for base in args.bases:
-            row = measure(task, base, args.profile, args.steps, args.device, args.ese_repeats)
+            row = measure(
+                task, base, args.profile, args.steps, args.device, args.ese_repeats, args.fosi_overrides
+            )
             rows.append(row)
             print(
                 f"{key.upper():3s} {base:10s} n={row['num_params']:>8d} tau1={1e3 * row['tau1_s']:8.2f} ms "
@@ -161,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fosi_overhead_{args.profile}.json"
+    path = out / f"fosi_overhead_{args.profile}{args.tag}.json"
     path.write_text(json.dumps(rows, indent=1))
     print(f"wrote {path}")
 

@@ -162,3 +162,55 @@ def test_fig4_records_and_figure(tmp_path):
     assert {(v["optimizer"], v["iteration"]) for v in values} >= {("GD", 250), ("FOSI-GD", 0)}
     summary = json.loads((by["gd"]["_dir"] / "summary.json").read_text())
     assert math.isfinite(summary["f_final"])
+
+
+def test_legacy_rotation_is_the_authors_scipy():
+    """The Q3 block rotation is the one the authors' scipy (< 1.16) drew under numpy seed 1234;
+    the reference entries were printed by scipy 1.10.1 / numpy 1.23.5
+    (``np.random.seed(1234); special_ortho_group.rvs(d)``). scipy ≥ 1.16 gives another matrix."""
+    import numpy as np
+
+    R3 = q.special_ortho_group_legacy(3, np.random.RandomState(1234))
+    ref3 = [
+        [-0.2453088969018693, 0.4372338412241754, -0.8652456952733948],
+        [-0.61971816355888, 0.6156186475379306, 0.4867885357717231],
+        [0.7455018060715862, 0.6556220320366922, 0.11994502178949029],
+    ]
+    np.testing.assert_allclose(R3, ref3, rtol=0, atol=1e-14)
+    R50 = q.special_ortho_group_legacy(50, np.random.RandomState(1234))
+    np.testing.assert_allclose(
+        R50[0, :3], [-0.06901522485825451, -0.047445933424112186, 0.14459876228959354], atol=1e-13
+    )
+    np.testing.assert_allclose(
+        R50[49, 47:], [0.05052989686876203, -0.28970032806439894, -0.010691702362426614], atol=1e-13
+    )
+    assert np.trace(R50) == pytest.approx(0.2969523945170494, abs=1e-12)
+    np.testing.assert_allclose(R50 @ R50.T, np.eye(50), atol=1e-12)
+    assert np.linalg.det(R50) == pytest.approx(1.0)
+    # q3_problem's default block is this rotation (numpy seed reset per call), and "scipy" is another one
+    p = q.q3_problem(1.12, 4)
+    diag = [1e-3 * 1.12**i for i in range(100)]
+    R4 = q.special_ortho_group_legacy(4, np.random.RandomState(1234))
+    block = R4 @ np.diag(diag[:2] + diag[98:]) @ R4.T
+    np.testing.assert_allclose(p.H[:4, :4].numpy(), block, rtol=1e-12, atol=0)
+    assert not np.allclose(q.q3_problem(1.12, 4, rotation="scipy").H[:4, :4].numpy(), block)
+
+
+def test_fosi_adam_rule_hand_worked_steps():
+    """Two steps of the authors' quadratic FOSI-Adam on H = diag(4, 1), V̂ = e₁ (λ̂ = 4), θ₀ = (1, 1),
+    η = 0.05: Newton EMA mn ← 0.9mn + 0.1·nd (α = 1, no bias correction); Adam (bias-corrected,
+    eps 1e-8) on g_res only; the Adam step is projected off V̂."""
+    H = torch.diag(torch.tensor([4.0, 1.0], dtype=F64))
+    V, lam = torch.tensor([[1.0, 0.0]], dtype=F64), torch.tensor([4.0], dtype=F64)
+    theta0 = torch.tensor([1.0, 1.0], dtype=F64)
+    eta, eps = 0.05, 1e-8
+    # step 1: g = (4, 1), nd = (1, 0), g_res = (0, 1); m̂ = 1, v̂ = 1
+    x1 = (1.0 - 0.1 * 1.0, 1.0 - eta * 1.0 / (1.0 + eps))
+    # step 2: g = (3.6, x1[1]), nd = (0.9, 0), mn = 0.9·0.1 + 0.1·0.9 = 0.18
+    m2 = 0.9 * 0.1 * 1.0 + 0.1 * x1[1]
+    v2 = 0.999 * 0.001 * 1.0 + 0.001 * x1[1] ** 2
+    d2 = (m2 / (1 - 0.9**2)) / (math.sqrt(v2 / (1 - 0.999**2)) + eps)
+    x2 = (x1[0] - 0.18, x1[1] - eta * d2)
+    f = q.run_batch(H, theta0, "fosi_adam", 2, eta, eigenvalues=lam, eigenvectors=V)[0, 0]
+    expected = [2.5, 2.0 * x1[0] ** 2 + 0.5 * x1[1] ** 2, 2.0 * x2[0] ** 2 + 0.5 * x2[1] ** 2]
+    torch.testing.assert_close(f, torch.tensor(expected, dtype=F64), rtol=1e-14, atol=0)

@@ -12,10 +12,15 @@ whole sweep advances as one batch of matrix products, which takes seconds on two
 The ESE is the library's Lanczos (``curvopt.curvature.lanczos``) on the exact Hessian, once at θ₀
 (the Hessian is constant), k = 10, ℓ = 0, m = 4k, float64, start vector seeded with 0.
 
-Random bases differ from the paper's (JAX ``PRNGKey(0)`` uniforms, scipy's ``special_ortho_group``
-under numpy seed 1234): we draw the uniforms from ``torch.Generator().manual_seed(0)`` and use
-scipy's ``special_ortho_group`` with numpy seed 1234 reset per (b, ζ) exactly as the authors do,
-but the scipy version differs, so individual rotations are not the authors'.
+Random bases: the Q1/Q2 uniforms are drawn from ``torch.Generator().manual_seed(0)``, not the
+authors' JAX ``PRNGKey(0)``, so those bases are not the authors'. The Q3/Q4 rotations are: the
+authors call scipy's ``special_ortho_group.rvs`` under ``numpy.random.seed(1234)`` (reset per
+(b, ζ)); scipy < 1.16 drew it with a Householder loop over legacy ``RandomState`` normals, scipy ≥
+1.16 (scipy PR #22304) with a QR of a normal matrix, a different matrix for the same seed.
+``special_ortho_group_legacy`` is the old loop (bit-equal to scipy 1.10.1 for ζ ≤ 100), the default
+``rotation="legacy"``; ``rotation="scipy"`` uses the installed scipy (the rotations of the records
+before this change). Eigenvector signs from ``eigh`` (which fix θ₀ inside the rotated block) are
+torch's and may still differ from the authors' JAX ``eigh``.
 """
 
 from __future__ import annotations
@@ -114,18 +119,47 @@ def q3_grid() -> tuple[np.ndarray, np.ndarray]:
     return bs, zetas
 
 
-def q3_problem(b: float, zeta: int, n: int = 100, seed: int = 1234) -> Quadratic:
+ROTATIONS = ("legacy", "scipy")
+
+
+def special_ortho_group_legacy(dim: int, random_state: np.random.RandomState) -> np.ndarray:
+    """scipy's ``special_ortho_group.rvs(dim)`` as it was before scipy 1.16 (what the authors ran):
+    dim − 1 Householder reflections from standard normals, then the sign fix that makes det = +1.
+    Draws the same normals in the same order, so it is bit-equal to scipy ≤ 1.15 for a seed."""
+    H = np.eye(dim)
+    D = np.empty(dim)
+    for n in range(dim - 1):
+        x = random_state.normal(size=(dim - n,))
+        norm2 = float(np.dot(x, x))
+        x0 = float(x[0])
+        D[n] = np.sign(x0) if x0 != 0 else 1.0
+        x[0] += D[n] * np.sqrt(norm2)
+        x /= np.sqrt((norm2 - x0**2 + x[0] ** 2) / 2.0)
+        H[:, n:] -= np.outer(H[:, n:] @ x, x)
+    D[-1] = (-1) ** (dim - 1) * D[:-1].prod()
+    return D[:, None] * H
+
+
+def q3_problem(b: float, zeta: int, n: int = 100, seed: int = 1234, rotation: str = "legacy") -> Quadratic:
     """f_{b,ζ}: eigenvalues 1e-3·bⁱ (i = 0..n−1), diagonal reordered as [ζ/2 smallest, ζ/2
     largest, rest], leading ζ×ζ block rotated by a random rotation (numpy seed reset per call).
-    θ₀ uses the eigenvectors of H in ascending order, as the authors' ``eigh`` does."""
-    from scipy.stats import special_ortho_group
-
+    ``rotation="legacy"``: the authors' scipy (< 1.16) ``special_ortho_group``; ``"scipy"``: the
+    installed scipy's. θ₀ uses the eigenvectors of H in ascending order, as the authors' ``eigh`` does."""
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {ROTATIONS}, got {rotation!r}")
     diag = [1e-3 * (b**i) for i in range(n)]
     half = zeta // 2
     diag = diag[:half] + diag[n - half :] + diag[half : n - half]
     H = np.diag(np.asarray(diag))
     np.random.seed(seed)
-    R = special_ortho_group.rvs(zeta) if zeta >= 2 else np.eye(zeta)
+    if zeta < 2:
+        R = np.eye(zeta)
+    elif rotation == "legacy":
+        R = special_ortho_group_legacy(zeta, np.random.mtrand._rand)
+    else:
+        from scipy.stats import special_ortho_group
+
+        R = special_ortho_group.rvs(zeta)
     H[:zeta, :zeta] = R @ np.diag(diag[:zeta]) @ R.T
     H = torch.from_numpy(H)
     H = 0.5 * (H + H.T)

@@ -219,13 +219,13 @@ def run_q2(root: Path, curves: str = "plotted") -> int:
     return out.count
 
 
-def run_q3(root: Path, curves: str = "plotted") -> int:
+def run_q3(root: Path, curves: str = "plotted", rotation: str = "legacy") -> int:
     out = RecordWriter(root, "q3_fig7_fig8", curves)
     bs, zetas = q.q3_grid()
     problems, eses, settings = [], [], []
     for zeta in zetas:
         for b in bs:
-            p = q.q3_problem(float(b), int(zeta))
+            p = q.q3_problem(float(b), int(zeta), rotation=rotation)
             problems.append(p)
             eses.append(q.ese(p, k=10))
             settings.append((float(b), int(zeta)))
@@ -254,6 +254,7 @@ def run_q3(root: Path, curves: str = "plotted") -> int:
                 "iterations": 200,
                 "dtype": "float64",
                 "rotation_seed": 1234,
+                "rotation": rotation,
                 **(_ese_config(eses[i], 10) if name.startswith("fosi") else {}),
             }
             plotted = (round(b, 3), zeta) in FIG8_FUNCTIONS
@@ -270,9 +271,9 @@ def _q4_rule(opt: str) -> tuple[str, bool]:
     return opt, False
 
 
-def run_q4(root: Path, curves: str = "plotted") -> int:
+def run_q4(root: Path, curves: str = "plotted", rotation: str = "legacy") -> int:
     b, zeta = Q4_FUNCTION
-    p = q.q3_problem(b, zeta)
+    p = q.q3_problem(b, zeta, rotation=rotation)
     e = q.ese(p, k=10)
     count = 0
     # (a) fixed momentum 0.9
@@ -306,6 +307,7 @@ def run_q4(root: Path, curves: str = "plotted") -> int:
                 "c": "inf" if scaled else 1,
                 "b": b,
                 "zeta": zeta,
+                "rotation": rotation,
                 "eta": float(eta),
                 "lr": lrs[row],
                 "beta": 0.9,
@@ -352,6 +354,7 @@ def run_q4(root: Path, curves: str = "plotted") -> int:
                 "c": "inf" if scaled else 1,
                 "b": b,
                 "zeta": zeta,
+                "rotation": rotation,
                 "eta": float(eta),
                 "lr": float(lrs[jo * eta_grid.size + i * len(betas)]),
                 "betas": [float(x) for x in betas],
@@ -388,12 +391,20 @@ def main(argv: list[str] | None = None) -> None:
         help="plotted: every iteration for the runs a figure draws as a curve (Q1, Q2, the four Fig. 8 "
         "functions), t = 0 and t = last for the rest (~7 MB); all: every iteration everywhere (~110 MB)",
     )
+    parser.add_argument(
+        "--rotation",
+        choices=list(q.ROTATIONS),
+        default="legacy",
+        help="Q3/Q4 block rotation: legacy = the authors' scipy (< 1.16) special_ortho_group under numpy "
+        "seed 1234 (default); scipy = the installed scipy's (a different matrix for the same seed)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     chosen = EXPERIMENTS if "all" in args.experiments else tuple(dict.fromkeys(args.experiments))
     for name in chosen:
         t0 = time.perf_counter()
-        runs = RUNNERS[name](args.results_dir, args.curves)
+        extra = {"rotation": args.rotation} if name in ("q3", "q4") else {}
+        runs = RUNNERS[name](args.results_dir, args.curves, **extra)
         print(f"{name}: {runs} runs in {time.perf_counter() - t0:.1f} s -> {args.results_dir}", flush=True)
 
 

@@ -35,7 +35,7 @@ def _spd_with_outliers(n: int, k: int, l: int, seed: int) -> torch.Tensor:  # no
     return (Q * lam) @ Q.T
 
 
-@pytest.mark.parametrize("reorth", ["twice", "dgks"])
+@pytest.mark.parametrize("reorth", ["twice", "dgks", "partial"])
 @pytest.mark.parametrize("n,k,l,seed", [(80, 5, 0, 0), (120, 10, 2, 1), (60, 3, 3, 2)])
 def test_lanczos_matches_eigh_on_spd(reorth, n, k, l, seed):  # noqa: E741
     A = _spd_with_outliers(n, k, l, seed)
@@ -52,6 +52,119 @@ def test_lanczos_matches_eigh_on_spd(reorth, n, k, l, seed):  # noqa: E741
     assert torch.all(cos > 1 - 1e-6), cos
     resid = (V @ A - res.eigenvalues[:, None] * V).norm(dim=1)
     assert resid.max() < 1e-3
+
+
+def _assert_as_accurate_as(res, ref, A, k, l):  # noqa: E741
+    """``res`` is as accurate as ``ref`` against eigh: eigenvalues, the Ritz vectors (|cos| to the
+    true eigenvectors, the vector error up to sign, the residual ‖Av − θv‖) and the orthonormality
+    ‖VVᵀ − I‖ of the returned vectors (each within 10× of ``ref`` or at rounding level)."""
+    n = A.shape[0]
+    ev, U = torch.linalg.eigh(A)
+    expected = torch.cat([ev[:l], ev[n - k :]])
+    true_vecs = torch.cat([U[:, :l], U[:, n - k :]], dim=1).T
+    scale = float(ev.abs().max())
+    errs = {}
+    for name, r in (("res", res), ("ref", ref)):
+        V = r.eigenvectors
+        cos = (V * true_vecs).sum(1)
+        errs[name] = {
+            "eigenvalue": float((r.eigenvalues - expected).abs().max()) / scale,
+            "1-|cos|": float((1 - cos.abs()).max()),
+            "vector": float((V - torch.sign(cos)[:, None] * true_vecs).abs().max()),
+            "residual": float((V @ A - r.eigenvalues[:, None] * V).norm(dim=1).max()) / scale,
+            "orthonormality": float((V @ V.T - torch.eye(k + l, dtype=F64)).abs().max()),
+        }
+    for key, floor in (
+        ("eigenvalue", 1e-13),
+        ("1-|cos|", 1e-13),
+        ("vector", 1e-12),
+        ("residual", 1e-12),  # relative to ‖A‖: semi-orthogonality leaves a larger β_m at m = n
+        ("orthonormality", 1e-13),
+    ):
+        assert errs["res"][key] <= max(10 * errs["ref"][key], floor), (key, errs)
+    torch.testing.assert_close(res.eigenvalues, ref.eigenvalues, atol=1e-12 * scale, rtol=0)
+
+
+def _spd(lam: torch.Tensor, seed: int) -> torch.Tensor:
+    Q, _ = torch.linalg.qr(torch.randn(lam.numel(), lam.numel(), generator=_gen(seed), dtype=F64))
+    return (Q * lam) @ Q.T
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(
+    "spectrum",
+    [
+        "outliers",  # 10 separated top values over a bulk in [1, 2], two tiny ones
+        "clustered",  # a bulk clustered within 1e-3 of 1 and 20 values clustered in [50, 51]
+        "spread",  # smoothly spread (λ ∝ t³): m = 40 resolves only the extremes
+    ],
+)
+def test_partial_reorth_as_accurate_as_twice_on_spd(spectrum):
+    """(a) Random SPD matrices with clustered and spread spectra: partial vs the authors' twice."""
+    n, k, l, g = 300, 5, 2, _gen(11)  # noqa: E741
+    if spectrum == "outliers":
+        lam = torch.cat(
+            [
+                1e-3 * torch.tensor([1.0, 2.0]),
+                1 + torch.rand(n - 12, generator=g),
+                10 * 1.5 ** torch.arange(10.0),
+            ]
+        )
+    elif spectrum == "clustered":
+        lam = torch.cat([1 + 1e-3 * torch.rand(n - 20, generator=g), 50 + torch.rand(20, generator=g)])
+    else:
+        lam = 100 * torch.linspace(0, 1, n) ** 3
+    A = _spd(lam.to(F64), 12)
+    part = lanczos(dense_matvec(A), n, k, l, reorth="partial")
+    twice = lanczos(dense_matvec(A), n, k, l, reorth="twice")
+    _assert_as_accurate_as(part, twice, A, k, l)
+    assert part.reorth_passes < twice.reorth_passes / 2
+
+
+def _plain_lanczos_basis(A: torch.Tensor, m: int, seed: int = 0) -> torch.Tensor:
+    """Lanczos with the three-term recurrence only (no re-orthogonalisation), same start vector."""
+    n = A.shape[0]
+    Q = torch.zeros(m, n, dtype=F64)
+    q = torch.randn(n, dtype=F64, generator=_gen(seed))
+    Q[0] = q / q.norm()
+    beta = 0.0
+    for i in range(m - 1):
+        w = A @ Q[i] - (Q[i] @ A @ Q[i]) * Q[i] - (beta * Q[i - 1] if i > 0 else 0.0)
+        beta = float(w.norm())
+        Q[i + 1] = w / beta
+    return Q
+
+
+def test_partial_reorth_with_many_converging_eigenvalues():
+    """(b) 30 geometrically spaced top eigenvalues: at m = 40 many Ritz values converge, and plain
+    Lanczos (no re-orthogonalisation) loses orthogonality completely. Partial must notice (ω above
+    √ε), make passes, and stay as accurate as twice."""
+    n, k, l, m = 400, 10, 2, 40  # noqa: E741
+    lam = torch.cat([torch.rand(n - 30, generator=_gen(21), dtype=F64), 2.0 ** torch.arange(30, dtype=F64)])
+    A = _spd(lam, 22)
+    Q = _plain_lanczos_basis(A, m)
+    assert float((Q @ Q.T - torch.eye(m, dtype=F64)).abs().max()) > 0.1  # "none" fails here
+    part = lanczos(dense_matvec(A), n, k, l, num_iters=m, reorth="partial")
+    twice = lanczos(dense_matvec(A), n, k, l, num_iters=m, reorth="twice")
+    assert part.omega_max > math.sqrt(torch.finfo(F64).eps)
+    assert 0 < part.reorth_passes < twice.reorth_passes
+    _assert_as_accurate_as(part, twice, A, k, l)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_partial_reorth_full_krylov_space_vectors_to_working_precision(seed):
+    """m = n on a 12 × 12 log-spaced spectrum: every Ritz pair converges to working precision. The
+    passes made when ω reaches √ε remove O(√ε) components that T does not record; without folding
+    those Gram-Schmidt coefficients into the Ritz step the vectors are only ~1e-9 accurate."""
+    n = 12
+    A = _spd(torch.logspace(1, -2, n, dtype=F64), 30)
+    part = lanczos(dense_matvec(A), n, 3, 1, reorth="partial", seed=seed)
+    twice = lanczos(dense_matvec(A), n, 3, 1, reorth="twice", seed=seed)
+    assert part.reorth_passes > 0 and part.omega_max > math.sqrt(torch.finfo(F64).eps)
+    _assert_as_accurate_as(part, twice, A, 3, 1)
 
 
 def test_lanczos_full_krylov_space_is_exact_on_a_generic_matrix():
@@ -160,6 +273,35 @@ def test_lanczos_on_mlp_hessian_matches_eigh():
     ev = torch.linalg.eigvalsh(H)
     res = lanczos(make_flat_hvp(model, _ce, params, (x, y)), n, 5, 2, num_iters=100)
     torch.testing.assert_close(res.eigenvalues, torch.cat([ev[:2], ev[-5:]]), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("m", [40, 100])
+def test_partial_reorth_on_mlp_hessian_as_accurate_as_twice(m):
+    """(c) Partial re-orthogonalisation on the tiny MLP's Hessian (float64 operator): eigenvalues,
+    Ritz vectors and their orthonormality as good as the authors' two full passes, for fewer passes."""
+    model, x, y = _tiny_mlp()
+    H, params = _dense_hessian(model, _ce, x, y)
+    n = H.shape[0]
+    hvp = make_flat_hvp(model, _ce, params, (x, y))
+    part = lanczos(hvp, n, 5, 2, num_iters=m, reorth="partial")
+    twice = lanczos(hvp, n, 5, 2, num_iters=m, reorth="twice")
+    _assert_as_accurate_as(part, twice, H, 5, 2)
+    assert part.reorth_passes < twice.reorth_passes
+
+
+def test_partial_reorth_float32_operator_projects_every_vector():
+    """With a float32 operator the product's rounding (ε₃₂‖A‖) enters the ω model, so partial keeps
+    full orthogonality (a model with float64 noise only loses it completely: ghost eigenvalues)."""
+    model32, x32, y = _tiny_mlp(torch.float32)
+    params32 = {k: p.detach() for k, p in model32.named_parameters()}
+    hvp32 = make_flat_hvp(model32, _ce, params32, (x32, y))
+    n = sum(p.numel() for p in params32.values())
+    part = lanczos(hvp32, n, 3, 1, num_iters=60, operator_dtype=torch.float32, reorth="partial")
+    twice = lanczos(hvp32, n, 3, 1, num_iters=60, operator_dtype=torch.float32, reorth="twice")
+    assert part.reorth_passes >= 59  # at least one pass per new vector
+    torch.testing.assert_close(part.eigenvalues, twice.eigenvalues, atol=1e-6, rtol=1e-6)
+    V = part.eigenvectors
+    torch.testing.assert_close(V @ V.T, torch.eye(4, dtype=F64), atol=1e-12, rtol=0)
 
 
 def test_lanczos_float32_operator_float64_basis():

@@ -1,10 +1,10 @@
-"""Lanczos with full re-orthogonalisation for the extreme eigenpairs of a symmetric operator.
+"""Lanczos with full or partial re-orthogonalisation for the extreme eigenpairs of a symmetric operator.
 
 FOSI's Extreme Spectrum Estimation (ESE, FOSI paper Algorithm 1) needs the k largest and ℓ
 smallest eigenpairs of a Hessian that is only available as a matrix-vector product. This module
 does that for any callable ``matvec(v) -> A v``; it knows nothing about networks.
 
-Numerics follow the FOSI authors' Lanczos (spec fosi.md §2.2), with three deliberate changes:
+Numerics follow the FOSI authors' Lanczos (spec fosi.md §2.2), with these deliberate changes:
 
 * **float64 basis, operator in its own dtype.** All Lanczos arithmetic (basis ``Q``, α, β, the
   tridiagonal ``T``, its eigendecomposition and the Ritz vectors) is float64; each basis vector
@@ -21,6 +21,33 @@ Numerics follow the FOSI authors' Lanczos (spec fosi.md §2.2), with three delib
   more than 1/√2 of the norm (Daniel-Gragg-Kaufman-Stewart: "twice is enough", and once is
   enough when nothing cancels). That halves the re-orthogonalisation cost again with the same
   orthogonality to working precision (tests/test_fosi_lanczos.py compares both with eigh).
+* **Partial re-orthogonalisation** (``reorth="partial"``, FOSI's default; H. D. Simon, "The
+  Lanczos algorithm with partial reorthogonalization", Math. Comp. 42 (1984) 115-142, the scheme
+  PROPACK (Larsen) uses). Full orthogonality is more than Lanczos needs: Simon showed that if the
+  basis stays *semi-orthogonal*, |q_iᵀq_k| ≤ √ε for i ≠ k, then T is the projection of A onto the
+  Krylov space up to O(ε‖A‖), so the Ritz values and (orthonormalised) Ritz vectors are as
+  accurate as with full re-orthogonalisation. Orthogonality is lost only gradually (as Ritz values
+  converge), and the loss can be tracked without touching the basis: the three-term recurrence
+  applied to qₖ and q_i gives ω_{i+1,k} = q_{i+1}ᵀq_k from the rows ω_i, ω_{i−1}, α and β,
+
+      β_i ω_{i+1,k} = β_k ω_{i,k+1} + (α_k − α_i) ω_{i,k} + β_{k−1} ω_{i,k−1} − β_{i−1} ω_{i−1,k},
+
+  O(i) scalar operations per iteration, plus a rounding term ε₁‖T‖ added with the sign that
+  increases |ω| (ε₁ = max(ε√n, ε_op): one float64 inner product, or the operator's unit roundoff
+  when it is coarser), and ω_{i+1,i} = ε₁‖T‖/β_i. Each iteration subtracts the three-term
+  components (O(n)); only when max_k |ω_{i+1,k}| > √ε (float64) is a full classical Gram-Schmidt
+  pass made, for this vector *and the next one* (whose recurrence still carries this vector's
+  large ω), after which both ω rows restart at ε₁ (a second pass only on DGKS cancellation).
+  Semi-orthogonality alone gives Ritz values to working precision but Ritz vectors only to
+  O(√ε): a pass removes O(√ε β) components that T does not record. So the pass coefficients are
+  kept (A Q = Q (T + C) + β_m q_{m+1} e_mᵀ) and the Ritz pairs come from T + C (see
+  :func:`_ritz_with_corrections`); the returned vectors are finally orthonormalised
+  symmetrically, V ← (VVᵀ)^{-1/2} V (a change at rounding level; FOSI projects onto them). The
+  tests check eigenvalues, vectors, residuals and orthonormality against ``twice`` and eigh.
+  With a float32 operator the product itself perturbs every new vector by
+  ~ε₃₂‖A‖, so ω passes √ε after one step and every vector is projected: the cost is then that of
+  ``dgks``. After a breakdown restart every later vector is projected too (the recurrence that the
+  ω model relies on holds only to ``breakdown_tol`` there).
 * **Breakdown guard.** When β_i falls below ``breakdown_tol · ‖T‖`` the Krylov space is (to
   working precision) invariant. Lanczos then continues from a fresh random vector orthogonal to
   the basis with β_i = 0, so T becomes block diagonal, its eigenvalues stay exact eigenvalues of A,
@@ -43,7 +70,8 @@ import torch
 from torch import Tensor
 
 MatVec = Callable[[Tensor], Tensor]
-REORTH_MODES = ("twice", "dgks")
+REORTH_MODES = ("twice", "dgks", "partial")
+_EPS64 = torch.finfo(torch.float64).eps
 
 
 class LanczosError(RuntimeError):
@@ -76,6 +104,7 @@ class LanczosResult:
     reorth_passes: int
     k: int
     l: int  # noqa: E741  (the paper's ℓ)
+    omega_max: float = float("nan")  # reorth="partial": largest estimated |q_iᵀq_k| met (before a pass)
 
     @property
     def lambda_max(self) -> float:
@@ -187,6 +216,17 @@ def lanczos(
     restarts = 0
     passes = 0  # Gram-Schmidt passes against the basis (cost: 2 reads of Q[: i + 1] each)
     beta_last = 0.0
+    # partial re-orthogonalisation: ω estimates of q_{i}ᵀq_k (rows i − 1, i, i + 1 of the ω matrix)
+    # rounding level of the local recurrence: an inner product of length n in float64, or the
+    # operator's own precision when it is lower (a float32 Hessian product perturbs every new vector
+    # by ~ε₃₂‖A‖ in all directions, so ω then exceeds √ε after one step and every vector is projected)
+    eps1 = max(_EPS64 * math.sqrt(n), torch.finfo(operator_dtype).eps)
+    omega_tol = math.sqrt(_EPS64)
+    om_prev, om_cur, om_new = (torch.zeros(m + 1, dtype=f64) for _ in range(3))
+    om_cur[0] = 1.0
+    C = torch.zeros(m, m, dtype=f64) if reorth == "partial" else None  # Gram-Schmidt coefficients
+    force_next = always_full = False
+    omega_max = 0.0
     for i in range(m):
         qi = Q[i]
         w = matvec(qi.to(operator_dtype)).to(f64).reshape(-1)
@@ -213,6 +253,43 @@ def lanczos(
                 w.addmv_(basis.T, basis @ w, alpha=-1.0)
             passes += 2
             beta = float(w.norm())
+        elif reorth == "partial":
+            w.add_(qi, alpha=-alpha)
+            if i > 0:
+                w.add_(Q[i - 1], alpha=-float(betas[i - 1]))
+            beta = float(w.norm())
+            if not math.isfinite(beta):
+                raise LanczosError(f"non-finite value β = {beta} at Lanczos iteration {i}")
+            t_norm = max(t_norm, beta)
+            noise = eps1 * t_norm
+            if i > 0 and beta > 0.0:
+                # ω_{i+1,k} = q_{i+1}ᵀq_k, k < i, from the three-term recurrence applied on both sides:
+                # β_i ω_{i+1,k} = β_k ω_{i,k+1} + (α_k − α_i) ω_{i,k} + β_{k−1} ω_{i,k−1} − β_{i−1} ω_{i−1,k},
+                # plus a rounding term of size ε₁‖T‖ added with the sign that makes |ω| larger
+                b = betas[:i]
+                raw = b * om_cur[1 : i + 1] + (alphas[:i] - alpha) * om_cur[:i] - b[i - 1] * om_prev[:i]
+                if i > 1:
+                    raw[1:] += b[: i - 1] * om_cur[: i - 1]
+                om_new[:i] = (raw + torch.where(raw >= 0, noise, -noise)) / beta
+            om_new[i] = noise / beta if beta > 0.0 else 1.0  # ω_{i+1,i}: the local (rounding-level) term
+            om_new[i + 1] = 1.0
+            worst = float(om_new[: i + 1].abs().max())
+            omega_max = max(omega_max, worst)
+            if force_next or worst > omega_tol:
+                # semi-orthogonality is about to be lost: one classical Gram-Schmidt pass now and one
+                # for the next vector (whose recurrence still carries this vector's large ω)
+                before = beta
+                for _ in range(2):
+                    h = basis @ w
+                    w.addmv_(basis.T, h, alpha=-1.0)
+                    C[: i + 1, i] += h.cpu()  # A q_i = Q (T + C) e_i + β_i q_{i+1}: kept for the Ritz step
+                    beta = float(w.norm())
+                    passes += 1
+                    if beta >= before / math.sqrt(2.0):  # no heavy cancellation: one pass is enough
+                        break
+                om_new[: i + 1] = eps1
+                force_next = always_full or not force_next
+            om_prev, om_cur, om_new = om_cur, om_new, om_prev
         else:
             w.add_(qi, alpha=-alpha)
             if i > 0:
@@ -239,6 +316,11 @@ def lanczos(
                 raise LanczosError("cannot extend the Krylov basis after breakdown")
             Q[i + 1] = w / w_norm
             betas[i] = 0.0
+            if reorth == "partial":
+                # the ω model assumes the three-term recurrence holds to rounding error; across a
+                # restart it holds only to breakdown_tol‖T‖, so from here on every vector is projected
+                always_full = force_next = True
+                om_cur[: i + 1] = eps1
         else:
             torch.mul(w, 1.0 / beta, out=Q[i + 1])
             betas[i] = beta
@@ -246,6 +328,8 @@ def lanczos(
     if m > 1:
         T += torch.diag(betas, 1) + torch.diag(betas, -1)
     evals, S = torch.linalg.eigh(T)
+    if reorth == "partial" and passes > 0:
+        evals, S = _ritz_with_corrections(T, C, evals, S)
     if not torch.isfinite(evals).all():
         raise LanczosError(
             f"eigh of the tridiagonal matrix returned non-finite eigenvalues: {evals.tolist()}"
@@ -253,6 +337,12 @@ def lanczos(
     idx = torch.cat([torch.arange(l), torch.arange(m - k, m)])
     S_sel = S[:, idx].to(device)
     vectors = S_sel.T @ Q  # Ritz vectors, one blocked pass over the basis
+    if reorth == "partial":
+        # Ritz vectors from a semi-orthogonal basis need not be orthonormal to working precision
+        # (unconverged ones); FOSI projects on them, so orthonormalise symmetrically,
+        # V ← (VVᵀ)^{-1/2} V: the nearest orthonormal rows ((k+ℓ)² n flops, two reads of V)
+        g_val, g_vec = torch.linalg.eigh(vectors @ vectors.T)
+        vectors = (g_vec * g_val.clamp_min(1e-300).rsqrt()) @ (g_vec.T @ vectors)
     residuals = (beta_last * S[m - 1, idx]).abs()
     return LanczosResult(
         eigenvalues=evals[idx].to(device),
@@ -264,7 +354,27 @@ def lanczos(
         reorth_passes=passes,
         k=k,
         l=l,
+        omega_max=omega_max if reorth == "partial" else float("nan"),
     )
+
+
+def _ritz_with_corrections(T: Tensor, C: Tensor, evals: Tensor, S: Tensor) -> tuple[Tensor, Tensor]:
+    """Ritz pairs of partial re-orthogonalisation, accurate to working precision.
+
+    A pass made when ω reached √ε removes components of size up to √ε β from the new vector that
+    the tridiagonal T does not record, so the recurrence is A Q = Q (T + C) + β_m q_{m+1} e_mᵀ with
+    C (upper triangular, entries O(√ε ‖T‖)) the Gram-Schmidt coefficients. Eigenvectors of T then
+    give Ritz vectors with residuals O(√ε ‖A‖); eigenvectors s of T + C give A(Qs) − θQs =
+    β_m s_m q_{m+1} + O(ε‖A‖), as with full re-orthogonalisation. T + C is not symmetric but is
+    an O(√ε) perturbation of a symmetric matrix, so its eigenvalues are real unless two of them
+    coincide to that level; in that case (complex pairs) T's own pairs are kept.
+    """
+    ev_c, S_c = torch.linalg.eig(T + C)
+    if bool((ev_c.imag != 0).any()) or not bool(torch.isfinite(ev_c.real).all()):
+        return evals, S
+    order = torch.argsort(ev_c.real)
+    S_r = S_c.real[:, order]
+    return ev_c.real[order].contiguous(), S_r / S_r.norm(dim=0, keepdim=True)
 
 
 def dense_matvec(matrix: Tensor) -> MatVec:

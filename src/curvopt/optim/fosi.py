@@ -141,7 +141,7 @@ class FOSI(Optimizer):
         num_iters: int | None = None,
         seed: int = 0,
         fresh_start: bool = False,
-        reorth: str = "dgks",
+        reorth: str = "partial",
         hvp_mode: str = "forward_over_reverse",
         hvp_reuse: bool = True,
         on_ese_failure: str = "base",

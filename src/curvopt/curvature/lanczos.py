@@ -226,6 +226,7 @@ def lanczos(
     om_cur[0] = 1.0
     C = torch.zeros(m, m, dtype=f64) if reorth == "partial" else None  # Gram-Schmidt coefficients
     force_next = always_full = False
+    skipped = 0  # iterations of partial that made no pass (the basis is then only semi-orthogonal)
     omega_max = 0.0
     for i in range(m):
         qi = Q[i]
@@ -289,6 +290,8 @@ def lanczos(
                         break
                 om_new[: i + 1] = eps1
                 force_next = always_full or not force_next
+            else:
+                skipped += 1
             om_prev, om_cur, om_new = om_cur, om_new, om_prev
         else:
             w.add_(qi, alpha=-alpha)
@@ -337,10 +340,11 @@ def lanczos(
     idx = torch.cat([torch.arange(l), torch.arange(m - k, m)])
     S_sel = S[:, idx].to(device)
     vectors = S_sel.T @ Q  # Ritz vectors, one blocked pass over the basis
-    if reorth == "partial":
+    if skipped > 0:
         # Ritz vectors from a semi-orthogonal basis need not be orthonormal to working precision
         # (unconverged ones); FOSI projects on them, so orthonormalise symmetrically,
-        # V ← (VVᵀ)^{-1/2} V: the nearest orthonormal rows ((k+ℓ)² n flops, two reads of V)
+        # V ← (VVᵀ)^{-1/2} V: the nearest orthonormal rows ((k+ℓ)² n flops, two reads of V). When
+        # every vector was projected (float32 operators) the basis is orthonormal and this is skipped
         g_val, g_vec = torch.linalg.eigh(vectors @ vectors.T)
         vectors = (g_vec * g_val.clamp_min(1e-300).rsqrt()) @ (g_vec.T @ vectors)
     residuals = (beta_last * S[m - 1, idx]).abs()

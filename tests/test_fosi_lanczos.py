@@ -299,6 +299,9 @@ def test_partial_reorth_float32_operator_projects_every_vector():
     part = lanczos(hvp32, n, 3, 1, num_iters=60, operator_dtype=torch.float32, reorth="partial")
     twice = lanczos(hvp32, n, 3, 1, num_iters=60, operator_dtype=torch.float32, reorth="twice")
     assert part.reorth_passes >= 59  # at least one pass per new vector
+    dgks = lanczos(hvp32, n, 3, 1, num_iters=60, operator_dtype=torch.float32, reorth="dgks")
+    assert torch.equal(part.eigenvalues, dgks.eigenvalues)  # then it is dgks's arithmetic exactly
+    assert torch.equal(part.eigenvectors, dgks.eigenvectors)
     torch.testing.assert_close(part.eigenvalues, twice.eigenvalues, atol=1e-6, rtol=1e-6)
     V = part.eigenvectors
     torch.testing.assert_close(V @ V.T, torch.eye(4, dtype=F64), atol=1e-12, rtol=0)

@@ -44,9 +44,9 @@ Numerics follow the FOSI authors' Lanczos (spec fosi.md §2.2), with these delib
   :func:`_ritz_with_corrections`); the returned vectors are finally orthonormalised
   symmetrically, V ← (VVᵀ)^{-1/2} V (a change at rounding level; FOSI projects onto them). The
   tests check eigenvalues, vectors, residuals and orthonormality against ``twice`` and eigh.
-  With a float32 operator the product itself perturbs every new vector by
-  ~ε₃₂‖A‖, so ω passes √ε after one step and every vector is projected: the cost is then that of
-  ``dgks``. After a breakdown restart every later vector is projected too (the recurrence that the
+  With a float32 operator the product itself perturbs every new vector by ~ε₃₂‖A‖, so ω passes
+  √ε after one step and every vector is projected: the run is then exactly ``dgks`` (same
+  passes, T's own Ritz pairs, no orthonormalisation; tested bitwise), at ``dgks``'s cost. After a breakdown restart every later vector is projected too (the recurrence that the
   ω model relies on holds only to ``breakdown_tol`` there).
 * **Breakdown guard.** When β_i falls below ``breakdown_tol · ‖T‖`` the Krylov space is (to
   working precision) invariant. Lanczos then continues from a fresh random vector orthogonal to
@@ -331,7 +331,7 @@ def lanczos(
     if m > 1:
         T += torch.diag(betas, 1) + torch.diag(betas, -1)
     evals, S = torch.linalg.eigh(T)
-    if reorth == "partial" and passes > 0:
+    if skipped > 0 and passes > 0:  # a semi-orthogonal basis with passes: see _ritz_with_corrections
         evals, S = _ritz_with_corrections(T, C, evals, S)
     if not torch.isfinite(evals).all():
         raise LanczosError(

@@ -16,13 +16,18 @@ from omegaconf import DictConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `curvopt` without an install
 
 from curvopt.data.common import CorruptDataError, DataNotFoundError  # noqa: E402
-from curvopt.training.build import run_from_config  # noqa: E402
+from curvopt.training.build import apply_optimizer_variant, cli_value_overrides, run_from_config  # noqa: E402
 
 log = logging.getLogger("train")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    # an experiment's optimizer_variants must not silently undo what the command line set
+    cfg = apply_optimizer_variant(cfg, cli_value_overrides(hc.overrides.task, hc.runtime.choices.keys()))
     try:
         summary = run_from_config(cfg)
     except (DataNotFoundError, CorruptDataError) as err:

@@ -86,3 +86,55 @@ def test_model_builders_are_importable():
         spec.pop("loss")
         model = call_target({k: v for k, v in spec.items() if not isinstance(v, str) or "${" not in v})
         assert isinstance(model, torch.nn.Module), path.name
+
+
+def test_command_line_wins_over_experiment_variant():
+    """An experiment's optimizer_variants must not silently undo an explicit command-line value."""
+    from curvopt.training.build import apply_optimizer_variant, cli_value_overrides
+
+    argv = [
+        "experiment=fosi_lm",
+        "optimizer=fosi_adam",
+        "optimizer.k=7",
+        "optimizer.hvp_mode=forward_over_reverse",
+    ]
+    cfg = compose(argv)
+    plain = apply_optimizer_variant(cfg)
+    assert (plain.optimizer.k, plain.optimizer.hvp_mode) == (
+        5,
+        "reverse_over_reverse",
+    )  # the variant's values
+    pairs = cli_value_overrides(argv, ["experiment", "optimizer", "model", "dataset", "trainer"])
+    assert pairs == [("optimizer.k", 7), ("optimizer.hvp_mode", "forward_over_reverse")]
+    merged = apply_optimizer_variant(cfg, pairs)
+    assert (merged.optimizer.k, merged.optimizer.hvp_mode) == (7, "forward_over_reverse")
+    assert merged.optimizer.ese_period == 100  # the rest of the variant still applies
+    assert apply_optimizer_variant(merged) is merged  # a second merge changes nothing
+
+
+def test_train_entrypoint_keeps_command_line_values(tmp_path):
+    """End to end through src/train.py (Hydra app): the saved config has the command line's value."""
+    import subprocess
+    import sys
+
+    from curvopt.runs import REPO_ROOT
+
+    cmd = [
+        sys.executable,
+        "src/train.py",
+        "experiment=fosi_lm",
+        "optimizer=fosi_adam",
+        "optimizer.alpha=0.5",  # the variant sets alpha: 0.01
+        "trainer.max_steps=1",
+        "trainer.eval_every=1",
+        "logger=none",
+        f"paths.results_dir={tmp_path}",
+        "run_id=cli",
+        f"hydra.run.dir={tmp_path}/hydra",
+    ]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    if done.returncode == 2 and "tiny_shakespeare" in done.stderr:
+        pytest.skip("Tiny Shakespeare is not in the data directory")
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = next(tmp_path.rglob("cli/config.yaml")).read_text()
+    assert "alpha: 0.5" in saved and "alpha: 0.01" in saved.split("optimizer_variants")[1]

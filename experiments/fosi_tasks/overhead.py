@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     data_dir = Path(os.environ.get("CURVOPT_DATA_DIR", REPO_ROOT / "data"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fosi_overhead_{args.profile}{args.tag}.json"
     rows = []
     for key in args.tasks:
         task = analysis.TASKS[key]
@@ -177,10 +180,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"T*(rho=1.1)={row['T_for_rho_1.1']:.0f}",
                 flush=True,
             )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fosi_overhead_{args.profile}{args.tag}.json"
-    path.write_text(json.dumps(rows, indent=1))
+            path.write_text(json.dumps(rows, indent=1))  # after every row: a later crash (OOM) keeps these
     print(f"wrote {path}")
 
 

@@ -11,13 +11,14 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from hydra.utils import get_method, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
@@ -171,22 +172,45 @@ def make_run_id(cfg: DictConfig, dist: DistInfo = SINGLE) -> str:
     return broadcast_object(f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}", dist)
 
 
-def apply_optimizer_variant(cfg: DictConfig) -> DictConfig:
+def apply_optimizer_variant(cfg: DictConfig, cli_overrides: Sequence[tuple[str, Any]] = ()) -> DictConfig:
     """Merge ``optimizer_variants[<optimizer.name>]`` into the config.
 
     Some papers define a method together with its model or protocol (Martens' HF uses a linear
     code layer and a cross-entropy objective; SHF a logistic code layer and squared error), so an
-    experiment can hold per-optimizer deltas. They are merged after the command line, so they win
-    over CLI overrides of the same keys: change them in the experiment file or pass
-    ``optimizer_variants.<name>.<key>=…``.
+    experiment can hold per-optimizer deltas. Hydra has already applied the command line when this
+    merge runs, so the command line's value overrides (``cli_overrides``: ``(key, value)`` pairs,
+    :func:`cli_value_overrides` in ``src/train.py``) are applied again on top: an explicit
+    ``optimizer.k=7`` wins over the experiment's variant, as a user expects. Merging twice is a
+    no-op (``_variant_applied``).
     """
+    if cfg.get("_variant_applied"):
+        return cfg
     variants = cfg.get("optimizer_variants")
     name = cfg.optimizer.get("name")
     if not variants or name not in variants:
         return cfg
     merged = OmegaConf.merge(cfg, variants[name])
     assert isinstance(merged, DictConfig)
+    for key, value in cli_overrides:
+        OmegaConf.update(merged, key, value, merge=True, force_add=True)
+    with open_dict(merged):
+        merged._variant_applied = True
     return merged
+
+
+def cli_value_overrides(task_overrides: Sequence[str], group_keys: Iterable[str]) -> list[tuple[str, Any]]:
+    """The ``key=value`` overrides of a Hydra command line (not config-group choices such as
+    ``optimizer=adam``, not deletions), parsed by Hydra's own override grammar."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = set(group_keys)
+    out = []
+    for ov in OverridesParser.create().parse_overrides(list(task_overrides)):
+        key = ov.key_or_group
+        if ov.is_delete() or ov.is_sweep_override() or key in groups or key.startswith("hydra"):
+            continue
+        out.append((key, ov.value()))
+    return out
 
 
 def run_from_config(cfg: DictConfig) -> dict[str, Any]:

@@ -351,8 +351,7 @@ class Alice(MatrixOptimizer):
         sigma = U.T @ G  # r×n
         if Qt is not None:
             Qt.mul_(b3).addmm_(sigma, sigma.T, alpha=1 - b3)
-            if Qt is not state["Qt"]:
-                state["Qt"].copy_(Qt)
+            _store(state, "Qt", Qt)
         m1 = _in_state_dtype(state["exp_avg"], cdt).mul_(b1).add_(sigma, alpha=1 - b1)
         v = _in_state_dtype(state["exp_avg_sq"], cdt).mul_(b2).addcmul_(sigma, sigma, value=1 - b2)
         _store(state, "exp_avg", m1)

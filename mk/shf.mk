@@ -4,6 +4,11 @@
 SHF_DATASETS ?= $(if $(filter paper,$(SCALE)),mnist curves usps,mnist)
 SHF_SEEDS ?= $(if $(filter paper,$(SCALE)),0 1 2 3 4,0)
 SHF_METHODS ?= shf_lsmr hf_cg
+# Extra Hydra overrides for every run. SHF_CPU=1 runs the paper profile on a CPU the way the committed
+# CPU records were made: one torch thread, the process clock, a checkpoint every 10 minutes so a run
+# that outlives a working session resumes from its (committed) run directory.
+SHF_CPU_OVERRIDES = trainer.device=cpu trainer.num_threads=1 trainer.clock=process trainer.checkpoint_every_s=600
+SHF_OVERRIDES ?= $(if $(SHF_CPU),$(SHF_CPU_OVERRIDES))
 # Figures and the table always show all three datasets; a panel without runs says how to make them.
 SHF_FIG_ARGS = --profile $(SCALE) --datasets mnist curves usps
 
@@ -12,7 +17,7 @@ SHF_FIG_ARGS = --profile $(SCALE) --datasets mnist curves usps
 shf-runs:
 	for d in $(SHF_DATASETS); do \
 		$(PY) experiments/run_missing.py --experiment shf_fig2_$$d --profile $(SCALE) \
-			--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) || exit 1; \
+			--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) $(SHF_OVERRIDES) || exit 1; \
 	done
 
 reproduce-fig2: shf-runs ## the main job: SHF-LSMR Figure 2 (train dotted / test solid error vs time)

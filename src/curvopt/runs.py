@@ -2,8 +2,10 @@
 
 Runs get deterministic ids ``<optimizer>_<profile>_s<seed>[_<suffix>]`` so a driver can tell
 which of its runs exist. A completed or diverged run is kept (divergence is a result); an
-interrupted run with a checkpoint is resumed; a run killed without a summary is moved aside
-(never deleted) and started again.
+unfinished run (interrupted, or killed: no summary, or a summary still saying ``running``) that
+has a checkpoint is resumed from it, so a long run whose directory was committed with its
+periodic checkpoint continues on another machine; an unfinished run without a checkpoint is
+moved aside (never deleted) and started again.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def ensure_run(
         *overrides,
     ]
     action = "ran"
-    if status == "interrupted" and (run_dir / "checkpoint.pt").exists():
+    if status is not None and (run_dir / "checkpoint.pt").exists():
         cmd.append("trainer.resume=true")
         action = "resumed"
     elif status is not None:  # killed mid-run, or interrupted without checkpoint: keep it aside
@@ -89,8 +91,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile", default="quick")
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value) for every run")
+    # Hydra overrides are the key=value words; take them out first so they may follow a
+    # multi-valued option (`--seeds 0 1 trainer.device=cpu`) without being read as its values
+    argv = list(sys.argv[1:] if argv is None else argv)
+    hydra_overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = parser.parse_args([a for a in argv if a not in hydra_overrides])
+    args.overrides = list(args.overrides) + hydra_overrides
     for optimizer in args.optimizers:
         for seed in args.seeds:
             overrides = list(args.overrides)

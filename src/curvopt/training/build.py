@@ -33,7 +33,7 @@ from curvopt.training.distributed import (
     wrap_ddp,
 )
 from curvopt.training.loop import LoopConfig, Trainer
-from curvopt.training.records import environment_info, git_commit
+from curvopt.training.records import RunLock, environment_info, git_commit
 from curvopt.training.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -251,6 +251,19 @@ def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
             "trainer.resume=true to continue it"
         )
 
+    lock = RunLock(run_dir)
+    if dist.is_main:
+        lock.check()  # a second process on the same run refuses before loading anything
+    try:
+        return _run_locked(cfg, dist, device, dtype, run_dir, lock)
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    cfg: DictConfig, dist: DistInfo, device: torch.device, dtype: torch.dtype, run_dir: Path, lock: RunLock
+) -> dict[str, Any]:
+    tcfg = cfg.trainer
     data = build_data(cfg, dtype, device)  # fails before training if data are missing
     model, loss = build_model(cfg, dtype, device)
     objective = Objective(model, loss)
@@ -264,7 +277,7 @@ def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
     )
 
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()  # owns the run directory from here until the run returns
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     loop_cfg = LoopConfig(
         max_steps=int(tcfg.max_steps),
@@ -277,11 +290,13 @@ def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
         eval_splits=list(tcfg.eval_splits),
         log_every=int(tcfg.log_every),
         checkpoint_every=int(tcfg.checkpoint_every),
+        checkpoint_every_s=tcfg.get("checkpoint_every_s"),
         keep_checkpoint=bool(tcfg.keep_checkpoint),
         patience_evals=tcfg.patience_evals,
         monitor=str(tcfg.get("monitor", "val/loss")),
         monitor_mode=str(tcfg.get("monitor_mode", "min")),
         progress=bool(tcfg.progress),
+        progress_log_every_s=float(tcfg.get("progress_log_every_s", 30.0)),
         eval_galore_compat=bool(tcfg.get("eval_galore_compat", False)),
         clock=str(tcfg.get("clock", "wall")),
     )

@@ -55,7 +55,12 @@ class LoopConfig:
     eval_splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
     log_every: int = 1
     checkpoint_every: int = 0
+    # also checkpoint when this many wall seconds have passed since the last one (long CPU runs
+    # that must survive a restart on another machine; null = off)
+    checkpoint_every_s: float | None = None
     keep_checkpoint: bool = True
+    # without a terminal (tqdm is silent), log one progress line per evaluation, at most this often
+    progress_log_every_s: float = 30.0
     patience_evals: int | None = None
     monitor: str = "val/loss"
     monitor_mode: str = "min"
@@ -186,6 +191,33 @@ class Trainer:
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(path)
+        self._last_checkpoint = time.perf_counter()
+
+    def _checkpoint_due(self) -> bool:
+        cfg = self.cfg
+        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            return True
+        return bool(cfg.checkpoint_every_s) and (
+            time.perf_counter() - self._last_checkpoint >= float(cfg.checkpoint_every_s)
+        )
+
+    def _progress_line(self, metrics: dict[str, float], scalars: dict[str, Any]) -> None:
+        """One log line per evaluation (throttled) when no tqdm bar is shown."""
+        now = time.perf_counter()
+        if now - self._last_progress_line < self.cfg.progress_log_every_s:
+            return
+        self._last_progress_line = now
+        shown = {k: v for k, v in scalars.items() if k in ("loss", "batch_size", "damping", "inner_iters")}
+        shown.update({k: v for k, v in metrics.items() if k == self.cfg.monitor or k.endswith("/E_sq")})
+        text = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+        log.info(
+            "%s step %d  algo %.1fs  wall %.1fs  %s",
+            self.run_dir.name,
+            self.step,
+            self.algo_time,
+            self._wall(),
+            text,
+        )
 
     @property
     def epoch(self) -> float:
@@ -344,6 +376,8 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> dict[str, Any]:
         self._t_start = time.perf_counter()
+        self._last_checkpoint = self._t_start
+        self._last_progress_line = -math.inf
         if resume:
             self.load_checkpoint()
         if self.dist.is_main:
@@ -398,6 +432,8 @@ class Trainer:
                     row.update(metrics)
                     row["peak_mem_bytes"] = peak_memory_bytes(self.device)
                     self._record(recorder, row)
+                    if progress is None or progress.disable:
+                        self._progress_line(metrics, scalars)
                 elif self.step % self.cfg.log_every == 0:
                     self._record(recorder, row)
                 if diverged:
@@ -413,7 +449,7 @@ class Trainer:
                 self.overhead_time += (
                     (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)
                 )
-                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                if self._checkpoint_due():
                     self.save_checkpoint()
             if self.status == "running":
                 self.status = "completed"
@@ -429,6 +465,9 @@ class Trainer:
                 self.cfg.keep_checkpoint or self.status == "interrupted"
             ):
                 self.save_checkpoint()
+            elif self.status == "completed" and not self.cfg.keep_checkpoint and self.dist.is_main:
+                # a finished run keeps no periodic checkpoint unless asked to (keep_checkpoint)
+                (self.run_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
             summary = self._summary(stop_reason)
             recorder.write_summary(summary)
             recorder.close()

@@ -119,3 +119,58 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return platform.node()
+
+
+class RunLock:
+    """``run.lock`` in a run directory: one process owns a run at a time.
+
+    The lock holds the owner's pid and boot id; a lock whose process is gone (killed, or left by
+    another machine, e.g. a run directory committed mid-run) is stale and taken over.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / "run.lock"
+        self.held = False
+
+    def check(self) -> None:
+        """Refuse (RuntimeError) when a live process owns the run; creates nothing."""
+        if self.path.exists():
+            try:
+                info = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError):
+                info = {}
+            if info.get("boot_id") == _boot_id() and _alive(int(info.get("pid", -1))):
+                raise RuntimeError(
+                    f"{self.path.parent} is in use by process {info['pid']}; wait for it to finish or "
+                    "stop it (Ctrl-C keeps its records and checkpoint), or choose another run_id"
+                )
+
+    def acquire(self) -> None:
+        self.check()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path, json.dumps({"pid": os.getpid(), "boot_id": _boot_id()}))
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0 or pid == os.getpid():
+        return pid == os.getpid()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

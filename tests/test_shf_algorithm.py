@@ -296,3 +296,45 @@ def test_requires_squared_error_and_validates_flags():
         build_shf(Objective(_model(), "sigmoid_bce"), data)
     with pytest.raises(ValueError):
         build_shf(Objective(_model(), "squared_error"), data, variance_norm_power=3)
+
+
+@pytest.mark.parametrize("center", ["warm_start", "zero"])
+def test_second_step_damping_center_against_dense(center):
+    """Step 2 has a warm start y0 = γ·d₁. damping_center="warm_start" (Eq. 19 / Algorithm 6):
+    d = y0 + (JᵀJ + λ²I)⁻¹Jᵀ(−R − J y0); "zero" (Algorithm 1's normal equations):
+    d = −(JᵀJ + λ²I)⁻¹JᵀR, whatever y0 is."""
+    data = _data()
+    obj = Objective(_model(), "squared_error")
+    lam = 0.3
+    alg = SHF(
+        obj,
+        data,
+        damping=lam,
+        drop=1.0,  # keep λ fixed so the reference uses the same λ at step 2
+        preconditioner="none",
+        merit=False,
+        maxiter=500,
+        atol=1e-14,
+        batch_size=40,
+        damping_center=center,
+    )
+    batches = _batches(data, [40, 40])
+    alg.step(next(batches))
+    x, y = next(batches)
+    params = {k: v.clone() for k, v in obj.params().items()}
+    w0 = flatten(params)
+    y0 = alg.warm_d.clone()
+    n = x.shape[0]
+
+    def residual(w):
+        return ((obj.forward(unflatten(w, params), x) - y) / math.sqrt(n)).reshape(-1)
+
+    jac = torch.func.jacrev(residual)(w0)
+    r = residual(w0).detach()
+    k = jac.T @ jac + lam**2 * torch.eye(w0.numel(), dtype=torch.float64)
+    d_zero = -torch.linalg.solve(k, jac.T @ r)
+    d_warm = y0 + torch.linalg.solve(k, jac.T @ (-r - jac @ y0))
+    assert float((d_zero - d_warm).norm()) > 1e-3 * float(d_zero.norm())  # the readings differ here
+    alg.step((x, y))  # the new warm start is γ₂·d₂ with γ₂ = 0.7·1.002
+    expected = d_warm if center == "warm_start" else d_zero
+    torch.testing.assert_close(alg.warm_d, 0.7 * 1.002 * expected, rtol=1e-7, atol=1e-10)

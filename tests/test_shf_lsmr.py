@@ -213,3 +213,36 @@ def test_float32_vectors_float64_scalars():
     ref = spla.lsmr(a, b, atol=1e-5, btol=1e-5)
     assert r32.x.dtype == torch.float32 and isinstance(r32.normr, float)
     np.testing.assert_allclose(r32.x.numpy(), ref[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_precond", [False, True])
+def test_damp_center_zero_solves_the_unshifted_problem(with_precond):
+    """damp_center="zero": x0 is only a starting point; the solution is that of
+    (CAᵀAC + λ²I) x = CAᵀb (Algorithm 1's normal equations), not the x0-shifted one."""
+    a, b, x0 = _problem(40, 25, seed=7)
+    lam = 0.8
+    c = np.linspace(0.5, 1.0, 25) if with_precond else np.ones(25)
+    res = lsmr(
+        torch.tensor(a),
+        torch.tensor(b),
+        damp=lam,
+        x0=torch.tensor(x0),
+        precond=torch.tensor(c) if with_precond else None,
+        atol=1e-14,
+        btol=1e-14,
+        damp_center="zero",
+    )
+    ac = a * c[None, :]
+    exact = np.linalg.solve(ac.T @ ac + lam**2 * np.eye(25), ac.T @ b)
+    np.testing.assert_allclose(res.x.numpy(), exact, rtol=1e-9, atol=1e-11)
+    shifted = np.linalg.solve(ac.T @ ac + lam**2 * np.eye(25), ac.T @ b + lam**2 * x0)
+    assert np.abs(shifted - exact).max() > 1e-2  # the two readings differ on this problem
+    # without x0 both readings solve the same problem
+    r0 = lsmr(torch.tensor(a), torch.tensor(b), damp=lam, atol=1e-14, btol=1e-14, damp_center="zero")
+    r1 = lsmr(torch.tensor(a), torch.tensor(b), damp=lam, atol=1e-14, btol=1e-14)
+    np.testing.assert_allclose(r0.x.numpy(), r1.x.numpy(), rtol=0, atol=0)
+
+
+def test_damp_center_rejects_unknown_value():
+    with pytest.raises(ValueError, match="damp_center"):
+        lsmr(torch.eye(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), damp_center="y0")

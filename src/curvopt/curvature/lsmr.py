@@ -171,6 +171,7 @@ def lsmr(
     merit_first: int = 5,
     merit_growth: float = 1.25,
     return_best: bool = False,
+    damp_center: str = "x0",
     callback: Callable[[int, Tensor], None] | None = None,
 ) -> LSMRResult:
     """Solve ``min ‖A diag(c) x − b‖² + damp² ‖x − x0‖²`` by LSMR.
@@ -195,12 +196,42 @@ def lsmr(
     return_best:
         return the best-merit iterate instead of the last one (the paper's Algorithm 6 tracks it
         but returns the last iterate).
+    damp_center:
+        what the damping pulls toward when ``x0`` is given. ``"x0"`` (default; SciPy, the paper's
+        Eq. (19) and Algorithm 6): ``min ‖A diag(c) x − b‖² + damp²‖x − x0‖²``. ``"zero"`` (the
+        normal equations ``(AᵀA + λ²I)d = Aᵀb`` of the paper's Algorithm 1, x0 only a starting
+        point): ``min ‖A diag(c) x − b‖² + damp²‖x‖²``, solved as the undamped problem
+        ``min ‖[A diag(c); damp·I] x − [b; 0]‖`` from x0 (‖Ā‖, ‖r̄‖ and the atol test are those of the
+        stacked operator). Without ``x0`` (or with ``damp = 0``) the two are the same problem.
     callback:
         called as ``callback(itn, x)`` after every iteration (tests, diagnostics).
 
     Breakdown (β or α becoming exactly 0) finishes the current iteration — whose iterate is then
     the exact minimiser on the Krylov space — and stops.
     """
+    if damp_center not in ("x0", "zero"):
+        raise ValueError(f"damp_center must be 'x0' or 'zero', got {damp_center!r}")
+    if damp_center == "zero" and x0 is not None and float(damp) != 0.0:
+        return _lsmr_damped_toward_zero(
+            A,
+            b,
+            damp,
+            x0,
+            precond,
+            atol=atol,
+            btol=btol,
+            conlim=conlim,
+            maxiter=maxiter,
+            show=show,
+            merit=merit,
+            ftol=ftol,
+            miniter=miniter,
+            recover=recover,
+            merit_first=merit_first,
+            merit_growth=merit_growth,
+            return_best=return_best,
+            callback=callback,
+        )
     matvec, rmatvec, (m, n), numpy_mode = as_operator(A)
     b_t = torch.as_tensor(np.asarray(b) if numpy_mode else b)
     if b_t.dim() > 1:
@@ -459,3 +490,33 @@ def lsmr(
         returned_best=returned_best,
         precond=c,
     )
+
+
+def _lsmr_damped_toward_zero(
+    A: Any, b: Any, damp: float, x0: Any, precond: Tensor | None, **kw: Any
+) -> LSMRResult:
+    """``damp_center="zero"``: LSMR without damping on the stacked ``[A diag(c); λI]``, rhs ``[b; 0]``,
+    started at x0, so the damping pulls toward 0 whatever the starting point."""
+    matvec, rmatvec, (m, n), numpy_mode = as_operator(A)
+    if numpy_mode:
+        raise TypeError("damp_center='zero' takes torch operators (a tensor or (matvec, rmatvec, shape))")
+    b_t = torch.as_tensor(b).reshape(-1)
+    lam = float(damp)
+    c = None if precond is None else torch.as_tensor(precond, dtype=b_t.dtype, device=b_t.device).reshape(-1)
+    out = torch.empty(m + n, dtype=b_t.dtype, device=b_t.device)
+    scratch = torch.empty(n, dtype=b_t.dtype, device=b_t.device)
+
+    def mv(v: Tensor) -> Tensor:
+        out[:m] = matvec(v if c is None else torch.mul(c, v, out=scratch)).reshape(-1)
+        torch.mul(v, lam, out=out[m:])
+        return out
+
+    def rmv(u: Tensor) -> Tensor:
+        top = rmatvec(u[:m])
+        top = top * c if c is not None else top.clone()
+        return top.add_(u[m:], alpha=lam)
+
+    b_aug = torch.cat([b_t, torch.zeros(n, dtype=b_t.dtype, device=b_t.device)])
+    res = lsmr((mv, rmv, (m + n, n)), b_aug, damp=0.0, x0=x0, **kw)
+    res.precond = c
+    return res

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 STEP_SPACES = ("scaled", "literal")
 WARM_STARTS = ("param", "y")
 PRECONDITIONERS = ("chapelle_erhan", "none")
+DAMPING_CENTERS = ("warm_start", "zero")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -136,6 +137,7 @@ class SHF:
         precon_sqrt: bool = True,
         step_space: str = "scaled",
         warm_start: str = "param",
+        damping_center: str = "warm_start",
         return_best: bool = False,
         variance_norm_power: int = 1,
         use_hand_written_gn: bool = True,
@@ -150,6 +152,8 @@ class SHF:
             raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {warm_start!r}")
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
+        if damping_center not in DAMPING_CENTERS:
+            raise ValueError(f"damping_center must be one of {DAMPING_CENTERS}, got {damping_center!r}")
         if variance_norm_power not in (1, 2):
             raise ValueError("variance_norm_power must be 1 (paper) or 2 (Byrd et al.)")
         if objective.loss_kind != "squared_error":
@@ -189,6 +193,7 @@ class SHF:
             precon_sqrt=precon_sqrt,
             step_space=step_space,
             warm_start=warm_start,
+            damping_center=damping_center,
             return_best=return_best,
             variance_norm_power=variance_norm_power,
             merit=merit and self.val is not None,
@@ -335,6 +340,7 @@ class SHF:
             miniter=cfg["miniter"],
             recover=cfg["recover"],
             return_best=cfg["return_best"],
+            damp_center="x0" if cfg["damping_center"] == "warm_start" else "zero",
         )
         timers["lsmr_time"] = time.perf_counter() - t
         timers["merit_time"] = merit_time[0]

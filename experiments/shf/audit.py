@@ -1,0 +1,217 @@
+"""SHF-LSMR audit: why LSMR stops after a handful of iterations and why λ falls so slowly.
+
+At a given iterate (the sparse initialisation, or the weights and λ of a run's checkpoint) on a
+fresh training batch of size n, it measures
+
+* the top eigenvalues of the preconditioned Gauss-Newton matrix ``M = CᵀJᵀJC`` (``C = diag(c)``,
+  Chapelle–Erhan) and of the plain ``JᵀJ``, beside the damping ``λ²`` that LSMR adds to M;
+* the resulting condition number of LSMR's damped system, ``κ ≤ (σ²_max + λ²)/λ²``, and the
+  iteration count a Krylov method needs for the atol test at that κ;
+* what LSMR actually does on that batch (cold and with SHF's warm start): iterations, stop reason,
+  ``test2``, and how far the solution is from the damped gradient step ``y ≈ Cᵀg/λ²``;
+* the undamped model's predicted reduction against the actual one (ρ) for that step.
+
+Usage (one thread, CPU)::
+
+    python experiments/shf/audit.py --dataset usps --batch 2000 \
+        [--checkpoint results/shf_fig2_usps/shf_lsmr_paper_s0/checkpoint.pt] --out results/shf_audit/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from curvopt.curvature.lsmr import lsmr
+from curvopt.curvature.mlp_gn import residual_gauss_newton
+from curvopt.objective import Objective, flatten, unflatten
+from curvopt.optim.shf import chapelle_erhan_precond
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def build(dataset: str, seed: int, profile: str = "paper"):
+    from hydra import compose, initialize_config_dir
+
+    from curvopt.training.build import apply_optimizer_variant, build_data, build_model, seed_everything
+
+    exp = f"shf_fig2_{dataset}" + ("_paper" if profile == "paper" else "")
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=[f"experiment={exp}", "optimizer=shf_lsmr", f"seed={seed}", "logger=none"],
+        )
+    cfg = apply_optimizer_variant(cfg)
+    seed_everything(seed, True)
+    data = build_data(cfg, torch.float32, torch.device("cpu"))
+    model, loss = build_model(cfg, torch.float32, torch.device("cpu"))
+    return cfg, data, Objective(model, loss)
+
+
+def top_eigs(apply, n: int, k: int, seed: int) -> list[float]:
+    """Largest k eigenvalues of a symmetric PSD operator (float64 ARPACK on float32 products)."""
+    import scipy.sparse.linalg as spla
+
+    def mv(v: np.ndarray) -> np.ndarray:
+        return apply(torch.from_numpy(v.astype(np.float32))).double().numpy()
+
+    op = spla.LinearOperator((n, n), matvec=mv, dtype=np.float64)
+    v0 = np.random.default_rng(seed).standard_normal(n)
+    vals = spla.eigsh(op, k=k, which="LA", v0=v0, tol=1e-3, return_eigenvectors=False)
+    return sorted((float(x) for x in vals), reverse=True)
+
+
+def krylov_iters(kappa: float, tol: float) -> int:
+    """Iterations a CG-type method needs to cut the error by ``tol`` at condition number κ."""
+    if kappa <= 1:
+        return 1
+    q = (math.sqrt(kappa) - 1) / (math.sqrt(kappa) + 1)
+    return max(1, math.ceil(math.log(tol / 2) / math.log(q)))
+
+
+def audit(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    cfg, data, objective = build(args.dataset, args.seed)
+    opt = cfg.optimizer
+    lam = float(opt.damping)
+    gamma = float(opt.gamma)
+    warm_d = None
+    step = 0
+    if args.checkpoint:
+        state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        objective.model.load_state_dict(state["model"])
+        alg = state["algorithm"]
+        lam, warm_d, step = float(alg["lam"]), alg["warm_d"], int(state["step"])
+    params = objective.params()
+    x_train, y_train = data.train
+    gen = torch.Generator().manual_seed(args.seed + 1000 * step + 17)
+    idx = torch.randperm(x_train.shape[0], generator=gen)[: args.batch]
+    x, y = x_train[idx], y_train[idx]
+    gn = residual_gauss_newton(objective, params, x, y, True)
+    g = gn.gradient()
+    c = chapelle_erhan_precond(gn.gn_diag_estimate(gen), True)
+    numel = gn.numel
+
+    def m_apply(v: torch.Tensor) -> torch.Tensor:
+        return gn.vjp(gn.jvp(v, col_scale=c), col_scale=c).clone()
+
+    def g_apply(v: torch.Tensor) -> torch.Tensor:
+        return gn.vjp(gn.jvp(v)).clone()
+
+    t0 = time.perf_counter()
+    eig_m = top_eigs(m_apply, numel, args.k, args.seed)
+    eig_g = top_eigs(g_apply, numel, args.k, args.seed)
+    t_eig = time.perf_counter() - t0
+    kappa = (eig_m[0] + lam * lam) / (lam * lam)
+
+    xv, yv = data.val
+
+    def shifted(d: torch.Tensor) -> dict:
+        dd = unflatten(d, params)
+        return {k: v + dd[k] for k, v in params.items()}
+
+    def val_loss(d: torch.Tensor) -> float:
+        with torch.no_grad():
+            return float(objective.loss(shifted(d), xv, yv))
+
+    op = (
+        lambda v: gn.jvp(v, col_scale=c).reshape(-1),
+        lambda u: gn.vjp(u.view(gn.n, -1), col_scale=c),
+        (gn.residual.numel(), numel),
+    )
+    b = -gn.residual.reshape(-1)
+    runs = {}
+    for name, x0 in (("cold", None), ("warm", None if warm_d is None else warm_d * gamma / c)):
+        if name == "warm" and x0 is None:
+            continue
+        res = lsmr(
+            op,
+            b,
+            damp=lam,
+            atol=float(opt.atol),
+            btol=0.0,
+            conlim=0.0,
+            maxiter=int(args.maxiter),
+            x0=x0,
+            merit=lambda yk: val_loss(c * yk),
+            ftol=float(opt.ftol),
+            miniter=int(opt.miniter),
+            recover=int(opt.recover),
+        )
+        d = c * res.x
+        gd = float(g @ d)
+        ad = gn.jvp(d)
+        pred = 0.5 * float((ad * ad).sum()) + gd
+        with torch.no_grad():
+            f1 = float(objective.loss(shifted(d), x, y))
+        f0 = gn.loss()
+        # the damped gradient step y_g = Cᵀ(−g)/λ² (what the solve reduces to when λ² ≫ σ²_max)
+        y_grad = -(c * g) / (lam * lam)
+        base = torch.zeros_like(y_grad) if x0 is None else x0
+        incr = res.x - base
+        cos = float(incr @ y_grad) / (float(incr.norm()) * float(y_grad.norm()) + 1e-30)
+        runs[name] = {
+            "itn": res.itn,
+            "stop": res.stop_reason,
+            "normar": res.normar,
+            "norma": res.norma,
+            "normr": res.normr,
+            "test2": res.normar / (res.norma * res.normr),
+            "merit_evals": len(res.merit_history),
+            "rho": (f1 - f0) / pred if pred < 0 else None,
+            "pred_reduction": pred,
+            "actual_reduction": f1 - f0,
+            "step_norm": float(d.norm()),
+            "cos_increment_vs_damped_gradient_step": cos,
+            "increment_norm_over_damped_gradient_step": float(incr.norm()) / float(y_grad.norm()),
+        }
+    out = {
+        "dataset": args.dataset,
+        "checkpoint": args.checkpoint,
+        "step": step,
+        "batch": args.batch,
+        "lambda": lam,
+        "lambda_sq": lam * lam,
+        "f_batch": gn.loss(),
+        "E_sq_batch": 2 * gn.loss(),
+        "grad_norm": float(g.norm()),
+        "precond_c_min_median_max": [float(c.min()), float(c.median()), float(c.max())],
+        "eig_precond_gn_top": eig_m,
+        "eig_gn_top": eig_g,
+        "kappa_damped_bound": kappa,
+        "krylov_iters_for_1e-6_at_kappa": krylov_iters(kappa, 1e-6),
+        "lsmr": runs,
+        "eig_time_s": t_eig,
+        "num_params": numel,
+        "flat_params_norm": float(flatten(params).norm()),
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="usps", choices=["usps", "curves", "mnist"])
+    p.add_argument("--batch", type=int, default=2000)
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--maxiter", type=int, default=1500)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    result = audit(args)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

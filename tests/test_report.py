@@ -116,7 +116,7 @@ def test_stale_table_output_is_not_reported(tmp_path: Path) -> None:
         tmp_path / "tables" / "shf_table2_quick.csv", index=False
     )
     got = statuses(tmp_path, SHF_ITEMS)
-    assert got["shf/table2"].status == core.NOT_RUN
+    assert got["shf/table2_mnist"].status == core.NOT_RUN
     assert "0.123456" not in (tmp_path / "REPORT.md").read_text()
 
 
@@ -132,7 +132,7 @@ def test_malformed_input_gives_error_entry_not_crash(tmp_path: Path) -> None:
 def test_shf_quick_records_are_qualitative_with_the_numbers(tmp_path: Path) -> None:
     shf_runs(tmp_path, "quick", shf_test_at_best_val=1.50)
     got = statuses(tmp_path, SHF_ITEMS)
-    t2 = got["shf/table2"]
+    t2 = got["shf/table2_mnist"]
     assert t2.status == core.QUALITATIVE  # 1.50 / 1.45 = 1.034, within the 10% claim band
     rows = t2.rows.set_index("method")
     assert rows.loc["shf_lsmr", "ours test"] == pytest.approx(1.50)  # best-validation iterate, not min test
@@ -140,17 +140,17 @@ def test_shf_quick_records_are_qualitative_with_the_numbers(tmp_path: Path) -> N
     assert rows.loc["shf_lsmr", "paper test"] == pytest.approx(1.435)
     assert rows.loc["shf_lsmr", "test gap (rel.)"] == f"{1.50 / 1.435 - 1:+.1%}"
     assert "profile quick" in t2.provenance and "seeds 0" in t2.provenance
-    assert got["shf/fig3"].status == core.QUALITATIVE  # 100 -> 200 -> 400, non-decreasing
+    assert got["shf/fig3_mnist"].status == core.QUALITATIVE  # 100 -> 200 -> 400, non-decreasing
 
 
 def test_shf_paper_records_reproduced_within_tolerance(tmp_path: Path) -> None:
     shf_runs(tmp_path, "paper", shf_test_at_best_val=1.50)  # +4.5% and +1.0% vs the paper: inside 10%
-    assert statuses(tmp_path, SHF_ITEMS)["shf/table2"].status == core.REPRODUCED
+    assert statuses(tmp_path, SHF_ITEMS)["shf/table2_mnist"].status == core.REPRODUCED
 
 
 def test_shf_paper_records_outside_tolerance_are_different(tmp_path: Path) -> None:
     shf_runs(tmp_path, "paper", shf_test_at_best_val=2.0)  # +39% vs paper; SHF/Martens 1.38: claim fails
-    res = statuses(tmp_path, SHF_ITEMS)["shf/table2"]
+    res = statuses(tmp_path, SHF_ITEMS)["shf/table2_mnist"]
     assert res.status == core.DIFFERENT
     assert "39.4%" in res.gap
 
@@ -160,7 +160,7 @@ def test_paper_profile_preferred_over_quick(tmp_path: Path) -> None:
     for run in (tmp_path / "shf_fig2_mnist").iterdir():  # rename quick runs out of the way
         run.rename(run.with_name(run.name + "_old"))
     shf_runs(tmp_path, "paper", shf_test_at_best_val=1.50)
-    res = statuses(tmp_path, SHF_ITEMS)["shf/table2"]
+    res = statuses(tmp_path, SHF_ITEMS)["shf/table2_mnist"]
     assert res.status == core.REPRODUCED and "profile paper" in res.provenance
 
 

@@ -38,7 +38,9 @@ def experiment_name(dataset: str) -> str:
 
 def panel_title(dataset: str, df: pd.DataFrame) -> str:
     synthetic = (
-        bool(df["synthetic_data"].fillna(False).astype(bool).any()) if "synthetic_data" in df else False
+        bool(df["synthetic_data"].astype(object).fillna(False).astype(bool).any())
+        if "synthetic_data" in df
+        else False
     )
     name = {"mnist": "MNIST", "usps": "USPS", "curves": "CURVES"}.get(dataset, dataset)
     return f"{name}-like (synthetic)" if synthetic else name
@@ -64,14 +66,54 @@ def time_label(frames: list[pd.DataFrame]) -> str:
     return "computation (algorithm wall) time [s]"
 
 
-def select_runs(df: pd.DataFrame, profile: str) -> pd.DataFrame:
+FINISHED = ("completed", "diverged")
+
+
+def select_runs(df: pd.DataFrame, profile: str, finished_only: bool = False) -> pd.DataFrame:
+    """Runs of one profile; ``finished_only`` drops runs still in progress (no final summary)."""
     if df.empty:
         return df
-    return df[df["profile"] == profile]
+    df = df[df["profile"] == profile]
+    if finished_only and "status" in df:
+        df = df[df["status"].isin(FINISHED)]
+    return df
+
+
+def unfinished_note(runs: pd.DataFrame) -> str:
+    """`` (in progress: step N)`` for a run whose records end before it finished."""
+    if "status" not in runs or runs["status"].isin(FINISHED).all():
+        return ""
+    steps = runs.loc[~runs["status"].isin(FINISHED), "step"]
+    return f" (in progress, step {int(steps.max())})" if not steps.empty else " (in progress)"
+
+
+def budget_label(frames: list[pd.DataFrame]) -> str:
+    """The seed count per method, and the algorithm-time budget when the profile has one."""
+    parts = []
+    seeds = {}
+    for df in frames:
+        if df.empty:
+            continue
+        for method, runs in df.groupby("optimizer"):
+            seeds[method] = max(seeds.get(method, 0), runs["run_id"].nunique())
+    if seeds:
+        parts.append(", ".join(f"{METHOD_LABELS.get(m, m)}: {n} seed(s)" for m, n in sorted(seeds.items())))
+    budgets = sorted(
+        {
+            float(b)
+            for df in frames
+            if "max_algo_time_s" in df
+            for b in df["max_algo_time_s"].dropna().unique()
+        }
+    )
+    if budgets:
+        parts.append("budget " + "/".join(f"{b:g}" for b in budgets) + " s of algorithm time per run")
+    return "; ".join(parts)
 
 
 def _panels(results: Path, datasets: list[str], profile: str, height: float):
-    """One panel per dataset, with that dataset's runs of ``profile``."""
+    """One panel per dataset, with that dataset's runs of ``profile`` (runs still in progress are
+    drawn and labelled so)."""
     frames = {d: select_runs(load_runs(results, experiment_name(d)), profile) for d in datasets}
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), height), squeeze=False)
     return frames, fig, axes
@@ -94,8 +136,14 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                 grid, mean, std = mean_curve_on_grid(runs, "algo_time_s", col)
                 if grid.size == 0:
                     continue
-                label = f"{METHOD_LABELS.get(method, method)} {split}" + (
-                    f" (mean of {n_seeds})" if n_seeds > 1 else ""
+                if n_seeds > 1:  # each seed thinly, the mean over the common time range boldly
+                    for _, run in runs.groupby("run_id"):
+                        pts = run[["algo_time_s", col]].dropna()
+                        ax.plot(pts["algo_time_s"], pts[col], style, color=colour, lw=0.5, alpha=0.35)
+                label = (
+                    f"{METHOD_LABELS.get(method, method)} {split}"
+                    + (f" (mean of {n_seeds})" if n_seeds > 1 else "")
+                    + unfinished_note(runs)
                 )
                 ax.plot(grid, mean, style, color=colour, label=label, lw=1.6)
                 series.append(
@@ -130,7 +178,7 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
         ax.legend(fontsize=7)
     fig.suptitle(
         f"SHF-LSMR Figure 2: training (dotted) and test (solid) error vs time\n"
-        f"{profile_label(list(frames.values()))}",
+        f"{profile_label(list(frames.values()))}; {budget_label(list(frames.values()))}",
         fontsize=10,
     )
     return _save(fig, out, series)
@@ -181,7 +229,9 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                 color=METHOD_COLOURS.get(method),
                 lw=1.0,
                 alpha=0.8,
-                label=METHOD_LABELS.get(method, method) + _peak_memory_note(df[df["optimizer"] == method]),
+                label=METHOD_LABELS.get(method, method)
+                + _peak_memory_note(df[df["optimizer"] == method])
+                + unfinished_note(run),
             )
             series.append(pts.assign(dataset=dataset, method=method, run_id=run_id))
             if method == "hf_cg" and not pts.empty and pd.notna(run["num_train"].iloc[0]):
@@ -202,7 +252,9 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
         unique = dict(zip(labels, handles))
         ax.legend(unique.values(), unique.keys(), fontsize=7)
     fig.suptitle(
-        f"SHF-LSMR Figure 3: mini-batch size vs time\n{profile_label(list(frames.values()))}", fontsize=10
+        f"SHF-LSMR Figure 3: mini-batch size vs time\n{profile_label(list(frames.values()))}; "
+        f"{budget_label(list(frames.values()))}",
+        fontsize=10,
     )
     return _save(fig, out, series)
 
@@ -214,12 +266,16 @@ def table2(results: Path, datasets: list[str], profile: str, out_dir: Path) -> p
     rows = []
     for dataset in datasets:
         exp = experiment_name(dataset)
-        df = select_runs(load_runs(results, exp), profile)
+        everything = select_runs(load_runs(results, exp), profile)
+        df = select_runs(everything, profile, finished_only=True)  # a running run has no final iterate yet
         summaries = load_summaries(results, exp)
+        running = sorted(set(everything["run_id"]) - set(df["run_id"])) if not everything.empty else []
         for method in ("shf_lsmr", "hf_cg"):
             runs = df[df["optimizer"] == method] if not df.empty else df
+            in_progress = [r for r in running if r.startswith(method)]
             if runs.empty:
-                rows.append({"dataset": dataset, "method": method, "status": "not run"})
+                status = f"in progress: {', '.join(in_progress)}" if in_progress else "not run"
+                rows.append({"dataset": dataset, "method": method, "profile": profile, "status": status})
                 continue
             picks = {"best_val": [], "best_test": []}
             for _, run in runs.groupby("run_id"):
@@ -244,13 +300,19 @@ def table2(results: Path, datasets: list[str], profile: str, out_dir: Path) -> p
                         "method": method,
                         "selection": protocol,
                         "ours_train_E_sq": chosen_df["train/E_sq"].mean(),
+                        "ours_train_std": chosen_df["train/E_sq"].std(ddof=0),
                         "ours_test_E_sq": chosen_df["test/E_sq"].mean(),
                         "ours_test_std": chosen_df["test/E_sq"].std(ddof=0),
                         "seeds": len(chosen_df),
+                        "device": ", ".join(sorted({str(d) for d in runs["device"].dropna().unique()})),
+                        "data": "CURVES-like (our generator, not Martens' file)"
+                        if bool(runs["synthetic_data"].astype(object).fillna(False).astype(bool).any())
+                        else dataset,
                         "paper_train": float(ref["train_error"].iloc[0]) if not ref.empty else np.nan,
                         "paper_test": float(ref["test_error"].iloc[0]) if not ref.empty else np.nan,
                         "profile": profile,
-                        "status": ", ".join(f"{k}: {v}" for k, v in statuses.items()),
+                        "status": ", ".join(f"{k}: {v}" for k, v in statuses.items())
+                        + (f"; in progress: {', '.join(in_progress)}" if in_progress else ""),
                     }
                 )
     table = pd.DataFrame(rows)

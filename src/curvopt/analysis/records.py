@@ -74,8 +74,11 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
             ("clock", "cfg.trainer.clock"),
             ("num_threads", "cfg.trainer.num_threads"),
             ("num_train", "cfg.dataset.num_train"),
+            ("max_algo_time_s", "cfg.trainer.max_algo_time_s"),
         ):
             frame[key] = s.get(col)
+        if frame["device"].isna().all():  # a run still in progress has no summary yet
+            frame["device"] = s.get("cfg.trainer.device")
         frames.append(frame)
     if not frames:
         return pd.DataFrame()

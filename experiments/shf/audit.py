@@ -15,6 +15,12 @@ Usage (one thread, CPU)::
 
     python experiments/shf/audit.py --dataset usps --batch 2000 \
         [--checkpoint results/shf_fig2_usps/shf_lsmr_paper_s0/checkpoint.pt] --out results/shf_audit/x.json
+
+``--trajectory`` instead draws, from the run records only, what the two methods did per outer
+iteration (λ, inner iterations and LSMR's stop reasons, ρ, batch size, test error vs iteration and
+time) to ``results/figures/shf_audit_<dataset>_<profile>.png`` (+ CSV)::
+
+    python experiments/shf/audit.py --trajectory --dataset usps --profile paper
 """
 
 from __future__ import annotations
@@ -194,6 +200,78 @@ def audit(args: argparse.Namespace) -> dict:
     return out
 
 
+def trajectory(results: Path, dataset: str, profile: str, out: Path) -> Path:
+    """λ, inner iterations, ρ, batch size and test error per outer iteration, from the records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from curvopt.analysis.records import load_runs
+    from curvopt.plots.common import save_with_csv
+
+    runs = load_runs(results, f"shf_fig2_{dataset}")
+    runs = runs[runs["profile"] == profile]
+    if runs.empty:
+        raise SystemExit(f"no {profile} runs under {results}/shf_fig2_{dataset}/")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    colours = {"shf_lsmr": "tab:red", "hf_cg": "tab:blue"}
+    series = []
+    for (method, run_id), run in runs.groupby(["optimizer", "run_id"]):
+        run = run.sort_values("step")
+        steps = run[run["step"] > 0]
+        kw = {"color": colours.get(method), "lw": 1.0, "label": run_id}
+        axes[0, 0].plot(steps["step"], steps["damping"], **kw)
+        axes[0, 1].plot(steps["step"], steps["inner_iters"], **kw)
+        axes[0, 2].plot(steps["step"], steps["rho"].clip(-1, 2), **kw)
+        axes[1, 0].plot(steps["step"], steps["batch_size"], **kw)
+        ev = run.dropna(subset=["test/E_sq"])
+        axes[1, 1].plot(ev["step"], ev["test/E_sq"], **kw)
+        axes[1, 2].plot(ev["algo_time_s"], ev["test/E_sq"], **kw)
+        cols = [
+            "step",
+            "algo_time_s",
+            "damping",
+            "inner_iters",
+            "inner_stop",
+            "rho",
+            "batch_size",
+            "test/E_sq",
+        ]
+        series.append(run[[c for c in cols if c in run]].assign(method=method, run_id=run_id))
+        if method == "shf_lsmr" and "inner_stop" in steps:
+            stops = steps["inner_stop"].value_counts().to_dict()
+            axes[0, 1].text(
+                0.02,
+                0.95 - 0.07 * len(series),
+                f"{run_id} LSMR stops: {stops}",
+                transform=axes[0, 1].transAxes,
+                fontsize=7,
+                va="top",
+            )
+    titles = [
+        ("λ (SHF: λ² added to the preconditioned GN; HF-CG: λ added to G)", "log"),
+        ("inner iterations (LSMR / CG)", "log"),
+        ("ρ (clipped to [−1, 2])", "linear"),
+        ("batch size (HF-CG: curvature chunk)", "linear"),
+        ("test E_sq vs outer iteration", "log"),
+        ("test E_sq vs algorithm time [s]", "log"),
+    ]
+    for ax, (title, scale) in zip(axes.flat, titles):
+        ax.set_title(title, fontsize=9)
+        ax.set_yscale(scale)
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xlabel("algorithm time [s]" if "time" in title else "outer iteration")
+    axes[0, 0].legend(fontsize=7)
+    devices = sorted({str(d) for d in runs["device"].dropna().unique()})
+    fig.suptitle(
+        f"SHF audit, {dataset}: what each method did per outer iteration (profile {profile}; device {', '.join(devices)})"
+    )
+    fig.tight_layout()
+    return save_with_csv(fig, out, [pd.concat(series, ignore_index=True)])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="usps", choices=["usps", "curves", "mnist"])
@@ -204,7 +282,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--maxiter", type=int, default=1500)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
+    p.add_argument("--trajectory", action="store_true", help="draw per-iteration behaviour from the records")
+    p.add_argument("--profile", default="paper")
+    p.add_argument("--results-dir", type=Path, default=Path("results"))
     args = p.parse_args(argv)
+    if args.trajectory:
+        out = Path(args.out or args.results_dir / "figures" / f"shf_audit_{args.dataset}_{args.profile}.png")
+        print(f"wrote {trajectory(args.results_dir, args.dataset, args.profile, out)}")
+        return
     result = audit(args)
     text = json.dumps(result, indent=2)
     print(text)

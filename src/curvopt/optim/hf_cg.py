@@ -56,7 +56,10 @@ CURVATURE_PRODUCTS = ("auto", "mlp", "linearize", "jvp")
 # -- pieces that are tested on their own --------------------------------------------------------
 def weight_mask(params: Params) -> Tensor:
     """Flat 0/1 mask of the parameters the L2 weight cost applies to: weights (``dim ≥ 2``), not
-    biases — as in Martens' code (``maskp``)."""
+    biases, as spec §3.3 says. Martens' public ``nnet_train_2.m`` does *not* do this: its ``maskp``
+    is all ones (the line that zeroes the bias entries is commented out, "not masking out the
+    weight-decay for biases"), so his weight cost, preconditioner and CG damping include biases.
+    With wc = 2e-5 the difference is negligible next to λ; kept so the default path is unchanged."""
     return torch.cat(
         [
             torch.full((p.numel(),), 1.0 if p.dim() >= 2 else 0.0, dtype=p.dtype, device=p.device)

@@ -33,8 +33,8 @@ test-all: ## every CPU test
 	$(PY) -m pytest -q -m "not gpu"
 
 lint: ## ruff lint + format check
-	$(PY) -m ruff check src tests experiments benchmarks
-	$(PY) -m ruff format --check src tests experiments benchmarks
+	$(PY) -m ruff check src tests experiments benchmarks tools
+	$(PY) -m ruff format --check src tests experiments benchmarks tools
 
 format:
 	$(PY) -m ruff format src tests experiments benchmarks

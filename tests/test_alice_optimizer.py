@@ -166,7 +166,16 @@ def test_alice_matches_numpy_reference(case, beta3):
     grads = make_grads(shape, 6, seed=2)
     betas = (0.9, 0.9, beta3)
     ref, _ = alice_reference(W0, grads, lr=0.05, betas=betas, rank=rank, lead=lead, K=3)
-    got, opt, p = run_alice(W0, grads, lr=0.05, betas=betas, rank=rank, leading=lead, update_interval=3)
+    got, opt, p = run_alice(
+        W0,
+        grads,
+        lr=0.05,
+        betas=betas,
+        rank=rank,
+        leading=lead,
+        update_interval=3,
+        clamp_rank=rank > min(shape),
+    )
     for t, (a, b) in enumerate(zip(got, ref), start=1):
         # eigenvectors of nearby matrices amplify rounding, so ~1e-10 absolute differences are
         # expected; an algorithmic slip shows up at 1e-3 or more
@@ -300,9 +309,20 @@ def test_no_compensation_no_switch_is_low_rank_eigen_adam():
     )
 
 
+def test_rank_above_a_weight_or_leading_above_rank_is_refused():
+    p = torch.nn.Parameter(torch.randn(4, 7))
+    with pytest.raises(
+        ValueError, match=r"rank=50 exceeds the projected side \(4\) of a weight of shape \(4, 7\)"
+    ):
+        Alice([p], rank=50)
+    with pytest.raises(ValueError, match="leading=3 exceeds rank=2"):
+        Alice([p], rank=2, leading=3)
+    assert Alice([p], rank=2).param_groups[0]["leading"] == 2  # the default 40, capped at the rank
+
+
 def test_full_rank_when_rank_exceeds_dims():
     p = torch.nn.Parameter(torch.randn(4, 7, dtype=torch.float64))
-    opt = Alice([p], lr=0.1, rank=50, leading=40, update_interval=2)
+    opt = Alice([p], lr=0.1, rank=50, leading=40, update_interval=2, clamp_rank=True)
     for _ in range(3):
         p.grad = torch.randn(4, 7, dtype=torch.float64)
         opt.step()
@@ -325,6 +345,16 @@ def test_non_matrix_parameters_are_rejected(shape):
         {"betas": (0.9, 0.9)},
         {"rank": 0},
         {"update_interval": 0},
+        {"lr": float("nan")},
+        {"lr": float("inf")},
+        {"lr": -0.1},
+        {"eps": -1e-8},
+        {"eps": float("nan")},
+        {"alpha": -0.3},
+        {"alpha": float("nan")},
+        {"alpha_c": -0.4},
+        {"gamma": float("nan")},
+        {"weight_decay": -0.1},
     ],
 )
 def test_bad_hyperparameters_are_rejected(kwargs):
@@ -384,9 +414,38 @@ def test_state_numel_matches_allocated_state():
     for shape, rank in [((8, 12), 3), ((12, 8), 3), ((5, 9), 7)]:
         for beta3 in (0.999, 0.0):
             p = torch.nn.Parameter(torch.randn(shape))
-            opt = Alice([p], rank=rank, betas=(0.9, 0.9, beta3))
+            opt = Alice([p], rank=rank, betas=(0.9, 0.9, beta3), clamp_rank=True)
             p.grad = torch.randn(shape)
             opt.step()
             expected = Alice.state_numel(shape, rank=rank, betas=(0.9, 0.9, beta3))
             got = {k: v.numel() for k, v in opt.state[p].items() if torch.is_tensor(v)}
             assert got == expected
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_gradient_is_refused_before_any_change(bad):
+    """A NaN/inf gradient used to reach eigh (a raw LinAlgError) or the weights; now the step
+    raises NonFiniteError naming the parameter, and nothing (weights, state) has changed."""
+    from curvopt.errors import NonFiniteError
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(8, 12)), torch.nn.Parameter(torch.randn(5))]
+    opt = Alice([{"params": params[:1]}, {"params": params[1:], "adam": True}], rank=3, leading=1)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    state = copy.deepcopy(opt.state_dict())
+    params[0].grad = torch.randn_like(params[0])
+    params[1].grad = torch.randn_like(params[1])
+    params[1].grad[2] = bad
+    with pytest.raises(NonFiniteError, match=r"parameter #1 \(shape \(5,\)\) holds NaN or inf"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, params))
+    after = opt.state_dict()["state"]
+    assert all(
+        torch.equal(state["state"][i][k], after[i][k])
+        for i in after
+        for k in after[i]
+        if torch.is_tensor(after[i][k])
+    )

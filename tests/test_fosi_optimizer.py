@@ -323,6 +323,86 @@ def test_bad_inputs():
         fosi_gd([theta], 0.1, lambda ps, b: (ps[0] ** 2).sum(), 0, k=2, newton_momentum="adam")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"ese_period": -5}, "ese_period must be a positive number of steps"),
+        ({"ese_period": 0}, "ese_period must be a positive number of steps"),
+        ({"ese_warmup": -1}, "ese_warmup"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"alpha": -0.01}, "alpha"),
+        ({"eps": -1e-8}, "eps"),
+        ({"lr": float("nan")}, "lr must be a finite"),
+        ({"lr": float("inf")}, "lr must be a finite"),
+    ],
+)
+def test_bad_option_values_are_refused(kwargs, match):
+    """ese_period=-5 used to mean "a single ESE" silently, and NaN/inf values were accepted."""
+    theta = nn.Parameter(torch.zeros(5))
+    kwargs = {"lr": 0.1, **kwargs}
+    lr = kwargs.pop("lr")
+    with pytest.raises(ValueError, match=match):
+        fosi_gd([theta], lr, lambda ps, b: (ps[0] ** 2).sum(), 0, k=2, **kwargs)
+
+
+def _hb_fosi(model, x, y):
+    return FOSI(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        _ce,
+        (x[:32], y[:32]),
+        model=model,
+        k=3,
+        ese_period=3,
+        ese_warmup=1,
+    )
+
+
+def _hb_steps(opt, mdl, x, y, steps, offset, between=None):
+    for t in range(offset, offset + steps):
+        opt.zero_grad()
+        _ce(mdl(x[t % 8 * 8 : t % 8 * 8 + 8]), y[t % 8 * 8 : t % 8 * 8 + 8]).backward()
+        opt.step()
+        if between is not None:
+            between()
+
+
+def test_state_dict_does_not_change_the_trajectory():
+    """Taking a checkpoint (state_dict) used to sync the SGD fast path's momentum buffers in place,
+    which changed later steps by rounding (a FOSI run with checkpoint_every differed from one
+    without from step 12). Now it changes nothing: bitwise the same parameters."""
+    model, x, y = _mlp_problem()
+    fosi = _hb_fosi(model, x, y)
+    _hb_steps(fosi, model, x, y, 12, 0)
+    plain = [p.detach().clone() for p in model.parameters()]
+
+    model2, _, _ = _mlp_problem()
+    fosi2 = _hb_fosi(model2, x, y)
+    _hb_steps(fosi2, model2, x, y, 12, 0, between=fosi2.state_dict)
+    assert fosi2._buffers_offset  # the fast path's offset buffers are live here
+    assert all(torch.equal(a, b) for a, b in zip(plain, model2.parameters()))
+
+
+def test_state_dict_round_trip_equals_an_uninterrupted_run():
+    """Save mid-run on the fast path (buffers offset), load into a fresh FOSI, continue: bitwise the
+    run that never saved."""
+    model, x, y = _mlp_problem()
+    fosi = _hb_fosi(model, x, y)
+    _hb_steps(fosi, model, x, y, 11, 0)
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    model2, _, _ = _mlp_problem()
+    fosi2 = _hb_fosi(model2, x, y)
+    _hb_steps(fosi2, model2, x, y, 5, 0)
+    saved = copy.deepcopy(fosi2.state_dict())
+    weights = {k: v.clone() for k, v in model2.state_dict().items()}
+    model3, _, _ = _mlp_problem(seed=5)
+    model3.load_state_dict(weights)
+    fosi3 = _hb_fosi(model3, x, y)
+    fosi3.load_state_dict(saved)
+    _hb_steps(fosi3, model3, x, y, 6, 5)
+    assert all(torch.equal(a, b) for a, b in zip(expected, model3.parameters()))
+
+
 def test_non_symmetric_operator_is_detected_in_debug_mode():
     theta = nn.Parameter(torch.randn(30, dtype=F64))
 

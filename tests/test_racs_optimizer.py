@@ -196,3 +196,52 @@ def test_bf16_step_close_to_fp32_step():
     o16.step()
     d32, d16 = p32.detach() - W, p16.detach().float() - W.bfloat16().float()
     assert (torch.linalg.norm(d16 - d32) / torch.linalg.norm(d32)) < 0.05
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lr": float("nan")},
+        {"lr": float("inf")},
+        {"lr": -0.02},
+        {"eps": -1e-30},
+        {"eps": 0.0},
+        {"alpha": -0.05},
+        {"alpha": float("inf")},
+        {"gamma": float("nan")},
+        {"beta": float("nan")},
+        {"weight_decay": float("nan")},
+        {"adam_eps": -1e-8},
+    ],
+)
+def test_bad_hyperparameters_are_rejected(kwargs):
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=name):
+        RACS([torch.nn.Parameter(torch.zeros(3, 4))], **kwargs)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_gradient_is_refused_before_any_change(bad):
+    """A NaN gradient used to leave RACS with NaN weights; now the step raises NonFiniteError
+    naming the parameter and neither the weights nor the state have changed."""
+    from curvopt.errors import NonFiniteError
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(6, 9)), torch.nn.Parameter(torch.randn(4, 3))]
+    opt = RACS(params, lr=0.1)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    state = copy.deepcopy(opt.state_dict())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    params[1].grad[0, 0] = bad
+    with pytest.raises(NonFiniteError, match=r"parameter #1 \(shape \(4, 3\)\)"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, params))
+    after = opt.state_dict()["state"]
+    for i, st in after.items():
+        for key, value in st.items():
+            if torch.is_tensor(value):
+                assert torch.equal(value, state["state"][i][key]), (i, key)

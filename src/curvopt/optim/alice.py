@@ -36,7 +36,8 @@ Choices the paper leaves open ([DECIDE], spec §10), each a constructor flag:
 * the complement draw uses a generator seeded by ``(seed, param index, switch count)`` stored in
   the state, so a resumed run samples the same directions on any device.
 
-Degenerate shapes: with ``r ≥ min(m, n)`` the projection is full rank (``U`` is the complete
+Degenerate shapes: a rank above a weight's projected side ``m`` is refused unless
+``clamp_rank=True``, which uses ``r = m`` there. With ``r = m`` the projection is full rank (``U`` is the complete
 eigenbasis, no switching, zero compensation); if the complement has fewer than ``r − l``
 directions all of them are used and the remaining slots keep the next leading vectors.
 """
@@ -50,11 +51,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvopt.optim.racs import MatrixOptimizer, compute_dtype, limiter_eta
+from curvopt.optim.racs import MatrixOptimizer, check_finite_nonneg, compute_dtype, limiter_eta
 
 SWITCH_MODES = ("complement", "none", "gaussian", "gaussian_mix", "full_basis")
 COMPENSATION_MODES = ("optimal", "none", "fira", "fira_plus")
 SEED_STRIDE = 1_000_003
+DEFAULT_LEADING = 40  # l of Table 11 (at most the rank)
 
 
 # ----------------------------------------------------------------------------- linear algebra
@@ -159,7 +161,9 @@ class Alice(MatrixOptimizer):
         lr: scheduled learning rate λ (Table 11: 0.02).
         alpha: update scale α (0.3; 0.25 at 1.3B). alpha_c: compensation scale α_c (0.4; 0.2).
         betas: ``(β1, β2, β3)`` = (0.9, 0.9, 0.999). β1 also decays the compensation norm ``p``.
-        rank: r (128 at 60M, 256 at 130M/350M, 512 at 1.3B). leading: l (40; 160 at 1.3B).
+        rank: r (128 at 60M, 256 at 130M/350M, 512 at 1.3B); at most the projected side of every
+            method weight unless ``clamp_rank=True`` (then full rank where it does not fit).
+        leading: l (40; 160 at 1.3B); ``None`` = min(40, rank); at most ``rank``.
         update_interval: K (200). Refreshes at t = 1 and every t ≡ 0 (mod K).
         gamma: limiter threshold (1.01). seed: base seed of the switch draws.
 
@@ -178,7 +182,7 @@ class Alice(MatrixOptimizer):
         alpha_c: float = 0.4,
         betas: tuple[float, float, float] = (0.9, 0.9, 0.999),
         rank: int = 128,
-        leading: int = 40,
+        leading: int | None = None,
         update_interval: int = 200,
         gamma: float = 1.01,
         eps: float = 1e-8,
@@ -197,7 +201,10 @@ class Alice(MatrixOptimizer):
         adam_eps: float = 1e-8,
         weight_decay: float = 0.0,
         state_dtype: str | torch.dtype | None = None,
+        clamp_rank: bool = False,
     ) -> None:
+        if leading is None:
+            leading = min(DEFAULT_LEADING, int(rank))
         defaults = {
             "lr": lr,
             "alpha": alpha,
@@ -223,6 +230,7 @@ class Alice(MatrixOptimizer):
             "adam_eps": adam_eps,
             "weight_decay": weight_decay,
             "state_dtype": state_dtype,
+            "clamp_rank": clamp_rank,
         }
         super().__init__(params, defaults)
         self._index: dict[int, int] = {}
@@ -250,6 +258,26 @@ class Alice(MatrixOptimizer):
             raise ValueError(f"rank must be >= 1, got {group['rank']}")
         if not 0 <= int(group["leading"]):
             raise ValueError(f"leading must be >= 0, got {group['leading']}")
+        if int(group["leading"]) > int(group["rank"]):
+            raise ValueError(
+                f"leading={group['leading']} exceeds rank={group['rank']}: the leading directions kept at a "
+                "switch are part of the rank; choose leading <= rank"
+            )
+        for name in ("alpha", "alpha_c"):
+            check_finite_nonneg("Alice", name, group[name])
+        if not (math.isfinite(group["eps"]) and group["eps"] > 0):
+            raise ValueError(f"Alice: eps must be a finite positive number, got {group['eps']}")
+        if not group["gamma"] >= 1.0:
+            raise ValueError(f"Alice: limiter threshold gamma must be >= 1, got {group['gamma']}")
+        if not group.get("clamp_rank", False):
+            for p in group["params"]:
+                m, _n, _t = self.oriented_shape(tuple(p.shape), group.get("project_side", "smaller"))
+                if int(group["rank"]) > m:
+                    raise ValueError(
+                        f"Alice: rank={group['rank']} exceeds the projected side ({m}) of a weight of shape "
+                        f"{tuple(p.shape)}; lower rank to at most {m}, keep that weight out of the method "
+                        "group, or set clamp_rank=True (optimizer.clamp_rank=true) to use full rank (no projection) there"
+                    )
         if int(group["update_interval"]) < 1:
             raise ValueError(f"update_interval must be >= 1, got {group['update_interval']}")
         if group["switch"] not in SWITCH_MODES:

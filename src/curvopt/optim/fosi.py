@@ -164,10 +164,22 @@ class FOSI(Optimizer):
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if k < 0 or l < 0 or k + l == 0:
             raise ValueError(f"need k ≥ 0, ℓ ≥ 0 and k + ℓ ≥ 1, got k={k}, ℓ={l}")
-        if alpha < 0:
-            raise ValueError(f"alpha must be non-negative, got {alpha}")
-        if ese_period is not None and ese_period <= 0:
-            ese_period = None
+        if not (math.isfinite(alpha) and alpha >= 0):
+            raise ValueError(f"alpha must be a finite non-negative number, got {alpha}")
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps (the floor on |λ̂|) must be a finite positive number, got {eps}")
+        if ese_period is not None and (
+            isinstance(ese_period, bool) or int(ese_period) != ese_period or ese_period <= 0
+        ):
+            raise ValueError(
+                f"ese_period must be a positive number of steps (or None for a single ESE), got {ese_period}"
+            )
+        if ese_warmup is not None and ese_warmup < 0:
+            raise ValueError(f"ese_warmup must be >= 0 steps (or None: = ese_period), got {ese_warmup}")
+        for group in base.param_groups:
+            lr = group.get("lr")
+            if isinstance(lr, float | int) and not (math.isfinite(lr) and lr >= 0):
+                raise ValueError(f"the base optimizer's lr must be a finite non-negative number, got {lr}")
         if ese_schedule == "released" and ese_period is None:
             raise ValueError("ese_schedule='released' needs a finite ese_period")
         if ese_batch_mode == "fixed" and ese_batch is None:
@@ -570,7 +582,26 @@ class FOSI(Optimizer):
 
     # -- (de)serialisation -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        self._sync_base_buffers()  # the saved base state holds the true buffers
+        """The base's state (holding the *true* momentum buffers m) and FOSI's. Taking it changes
+        nothing: on the SGD fast path the base's live buffers m′ = m + V̂ᵀ(w − y) stay as they
+        are; the saved base state gets corrected copies (what the generic path would hold), and
+        the live m′ and w are saved beside them so that a load continues bit for bit."""
+        base = self.base.state_dict()
+        fed: dict[int, Tensor] = {}
+        if self._buffers_offset and self.V is not None:
+            z = self._mom_proj_fed - self._mom_proj
+            state = dict(base["state"])
+            for i, (b, p) in enumerate(zip(self._blocks, self._params)):  # packed ids: _params order
+                entry = state.get(i)
+                buf = entry.get("momentum_buffer") if entry is not None else None
+                if buf is None or buf is not self.state.get(p, {}).get("momentum_buffer"):
+                    continue
+                fed[i] = buf.clone()
+                true = buf.clone()
+                if bool(z.any()):
+                    _flat(true).addmv_(b.T, z, alpha=-1.0)  # exactly what _sync_base_buffers does
+                state[i] = {**entry, "momentum_buffer": true}
+            base = {**base, "state": state}
         fosi = {
             "t": self.t,
             "ese_count": self.ese_count,
@@ -584,7 +615,10 @@ class FOSI(Optimizer):
             "mom_proj": self._mom_proj,
             "generator": self._generator.get_state() if self._generator is not None else None,
         }
-        return {"base": self.base.state_dict(), "fosi": fosi}
+        if fed:
+            fosi["fed_buffers"] = fed
+            fosi["mom_proj_fed"] = self._mom_proj_fed.clone()
+        return {"base": base, "fosi": fosi}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         if "base" not in state_dict or "fosi" not in state_dict:
@@ -611,9 +645,16 @@ class FOSI(Optimizer):
         self._vel_res_proj = to(fs["vel_res_proj"])
         self._vel_coef = to(fs["vel_coef"])
         self._mom_proj = to(fs["mom_proj"])
-        self._mom_proj_fed = self._mom_proj.clone()  # saved states hold synced buffers (w = y)
+        self._mom_proj_fed = self._mom_proj.clone()  # the base state holds true buffers (w = y)
         if self._generator is not None and fs.get("generator") is not None:
             self._generator.set_state(fs["generator"])
+        if fs.get("fed_buffers") and self.V is not None:  # the fast path's live buffers m′, exactly
+            for i, buf in fs["fed_buffers"].items():
+                live = self.state.get(self._params[int(i)], {}).get("momentum_buffer")
+                if live is not None:
+                    live.copy_(buf)
+            self._mom_proj_fed = to(fs["mom_proj_fed"])
+            self._buffers_offset = True
 
 
 # -- ready-made FOSI variants -----------------------------------------------------------------------

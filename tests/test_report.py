@@ -135,8 +135,10 @@ def test_shf_quick_records_are_qualitative_with_the_numbers(tmp_path: Path) -> N
     t2 = got["shf/table2_mnist"]
     assert t2.status == core.QUALITATIVE  # 1.50 / 1.45 = 1.034, within the 10% claim band
     rows = t2.rows.set_index("method")
-    assert rows.loc["shf_lsmr", "ours test"] == pytest.approx(1.50)  # best-validation iterate, not min test
-    assert rows.loc["hf_cg", "ours test"] == pytest.approx(1.45)  # best-test iterate (paper protocol)
+    assert rows.loc["shf_lsmr", "ours test (E_sq)"] == pytest.approx(
+        1.50
+    )  # best-validation iterate, not min test
+    assert rows.loc["hf_cg", "ours test (E_sq)"] == pytest.approx(1.45)  # best-test iterate (paper protocol)
     assert rows.loc["shf_lsmr", "paper test"] == pytest.approx(1.435)
     assert rows.loc["shf_lsmr", "test gap (rel.)"] == f"{1.50 / 1.435 - 1:+.1%}"
     assert "profile quick" in t2.provenance and "seeds 0" in t2.provenance
@@ -374,3 +376,22 @@ def test_fgn_table1_claims_on_synthetic_quick_records(tmp_path: Path) -> None:
     assert res.status == core.QUALITATIVE  # synthetic data: judged like a quick run, claim holds
     fgn_runs(tmp_path / "b", sgn_final=0.38)  # SGN 38 % < Adam 40 % at the horizon: claim fails
     assert statuses(tmp_path / "b", item)["fgn/table1"].status == core.NOT_PAPER_SCALE
+
+
+def test_shf_table2_metric_choice(tmp_path: Path) -> None:
+    """tolerances shf.table2.metric = f compares E_sq/2 with the paper's numbers."""
+    shf_runs(tmp_path, "paper", shf_test_at_best_val=2.87)  # E_sq 2.87 -> f 1.435 = the paper's MNIST test
+    tol_path = tmp_path / "tol.yaml"
+    tol = yaml.safe_load(Path(DEFAULT_TOLERANCES).read_text())
+    tol["shf"]["table2"]["metric"] = "E_sq"
+    tol_path.write_text(yaml.safe_dump(tol))
+    by_e = {f"{i.paper}/{i.key}": r for i, r in build_report(tmp_path, tol_path, items=SHF_ITEMS)}
+    tol["shf"]["table2"]["metric"] = "f"
+    tol_path.write_text(yaml.safe_dump(tol))
+    by_f = {f"{i.paper}/{i.key}": r for i, r in build_report(tmp_path, tol_path, items=SHF_ITEMS)}
+    rows_e = by_e["shf/table2_mnist"].rows.set_index("method")
+    rows_f = by_f["shf/table2_mnist"].rows.set_index("method")
+    assert rows_e.loc["shf_lsmr", "ours test (E_sq)"] == pytest.approx(2.87)
+    assert rows_f.loc["shf_lsmr", "ours test (f)"] == pytest.approx(1.435)
+    assert rows_f.loc["shf_lsmr", "test gap (rel.)"] == "+0.0%"
+    assert "100.0%" in rows_e.loc["shf_lsmr", "test gap (rel.)"]

@@ -2,11 +2,18 @@
 
 python src/train.py experiment=mnist_autoencoder optimizer=adam trainer.max_steps=200
 python src/train.py -m experiment=mnist_autoencoder optimizer=adam,heavy_ball optimizer.lr=1e-3,3e-3
+
+Exit codes (docs/resume.md): 0 completed, 1 failed (an error during the run), 2 bad input
+(stopped before training: config value, data file, run directory), 3 diverged, 130 / 143
+interrupted by SIGINT / SIGTERM (checkpoint written; resume with trainer.resume=true). A sweep
+(-m) stops at the first interrupted job; otherwise it runs every job and exits with the most
+severe code among them (failed, bad input, diverged).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -15,34 +22,82 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `curvopt` without an install
 
-from curvopt.data.common import CorruptDataError, DataNotFoundError  # noqa: E402
+from curvopt.errors import (  # noqa: E402
+    EXIT_BAD_INPUT,
+    EXIT_COMPLETED,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    BadInputError,
+    exit_code,
+)
 from curvopt.training.build import apply_optimizer_variant, cli_value_overrides, run_from_config  # noqa: E402
+from curvopt.training.rundir import CommandLine  # noqa: E402
 
 log = logging.getLogger("train")
+# exit codes of the jobs run by this process (one, or a sweep's)
+_CODES: list[int] = []
+_SEVERITY = (EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_COMPLETED)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM outside the training loop (loading data, between sweep jobs): stop cleanly."""
+    del frame
+    raise SystemExit(128 + signum)
+
+
+def final_code(codes: list[int]) -> int:
+    """The most severe of the jobs' exit codes (failed > bad input > diverged > completed)."""
+    if not codes:
+        return EXIT_COMPLETED
+    return min(codes, key=lambda c: _SEVERITY.index(c) if c in _SEVERITY else -1)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
     # an experiment's optimizer_variants must not silently undo what the command line set
     cfg = apply_optimizer_variant(cfg, cli_value_overrides(hc.overrides.task, hc.runtime.choices.keys()))
+    cli = CommandLine(
+        list(hc.overrides.task),
+        {k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
+    )
     try:
-        summary = run_from_config(cfg)
-    except (DataNotFoundError, CorruptDataError) as err:
+        summary = run_from_config(cfg, cli)
+    except BadInputError as err:
         log.error("%s", err)
-        raise SystemExit(2) from None
+        _CODES.append(EXIT_BAD_INPUT)
+        if not sweep:
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        return None
+    except KeyboardInterrupt:
+        log.warning("interrupted before training started; nothing was recorded")
+        raise SystemExit(EXIT_SIGINT) from None
+    except Exception:
+        _CODES.append(EXIT_FAILED)
+        raise  # Hydra prints it (a single run exits 1; a sweep goes on to the next job)
+    code = exit_code(summary)
+    _CODES.append(code)
     log.info(
-        "run %s: %s after %d steps -> %s",
+        "run %s: %s after %d steps -> %s (exit code %d)",
         summary["run_id"],
         summary["status"],
         summary["steps"],
         summary["run_dir"],
+        code,
     )
+    if code in (EXIT_SIGINT, EXIT_SIGTERM):
+        raise SystemExit(code)  # also stops a sweep: the user asked to stop
     best = summary.get("best") or {}
     return best.get("value")  # Hydra sweepers (e.g. Optuna) can minimise this
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminate)
     main()
+    sys.exit(final_code(_CODES))

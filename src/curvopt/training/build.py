@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import random
 import time
@@ -20,6 +21,7 @@ import torch
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from curvopt.errors import BadInputError, ConfigError, exit_code
 from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
 from curvopt.training.distributed import (
@@ -32,8 +34,15 @@ from curvopt.training.distributed import (
     init_distributed,
     wrap_ddp,
 )
-from curvopt.training.loop import LoopConfig, Trainer
-from curvopt.training.records import RunLock, environment_info, git_commit
+from curvopt.training.loop import LoopConfig, Trainer, as_bool
+from curvopt.training.records import RunLock, atomic_write_text, environment_info, git_commit
+from curvopt.training.rundir import (
+    CommandLine,
+    check_run_dir,
+    move_records_aside,
+    resume_config,
+    save_command_line,
+)
 from curvopt.training.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -57,7 +66,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
     return device
 
 
@@ -102,6 +111,31 @@ def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tu
         raise ValueError("model config needs a `loss:` key (squared_error | cross_entropy | sigmoid_bce)")
     model = call_target(model_cfg)
     return model.to(device=device, dtype=dtype), loss
+
+
+def check_optimizer_values(opt_cfg: DictConfig | dict) -> None:
+    """No NaN anywhere in an optimizer config, and learning rates (``lr``, ``*_lr``) finite and
+    non-negative; the optimizers check their own ranges when they are built."""
+    values = _to_container(opt_cfg)
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(value, float) and math.isnan(value):
+            raise ConfigError(f"{key}=nan: not a number; give a value")
+        elif (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and key.rsplit(".", 1)[-1] in ("lr", "base_lr", "adam_lr", "max_lr", "min_lr")
+            and not (math.isfinite(value) and value >= 0)
+        ):
+            raise ConfigError(f"{key}={value}: must be a finite non-negative number")
+
+    walk(values, "optimizer")
 
 
 def build_algorithm(
@@ -213,9 +247,38 @@ def cli_value_overrides(task_overrides: Sequence[str], group_keys: Iterable[str]
     return out
 
 
-def run_from_config(cfg: DictConfig) -> dict[str, Any]:
-    """Run one training job described by ``cfg``; return its summary (with ``run_dir``)."""
+def check_trainer(tcfg: DictConfig) -> LoopConfig:
+    """Every trainer value checked (type, range, choices) before anything is loaded or created;
+    a bad one raises :class:`ConfigError` naming it and its valid values."""
+    loop_cfg = LoopConfig.from_trainer(tcfg)
+    dtype = tcfg.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"trainer.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+    device = tcfg.get("device", "auto")
+    if not isinstance(device, str) or not (
+        device == "auto" or device.split(":")[0] in ("cpu", "cuda", "mps")
+    ):
+        raise ConfigError(f"trainer.device={device!r}: choose auto, cpu, cuda or cuda:<index>")
+    for key in ("resume", "restart", "allow_config_change", "deterministic"):
+        as_bool(f"trainer.{key}", tcfg.get(key, key == "deterministic"))
+    for key in ("micro_batch_size", "num_threads"):
+        value = tcfg.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"trainer.{key}={value!r}: must be a positive whole number, or null")
+    if tcfg.get("clock", "wall") == "process" and str(device).startswith("cuda"):
+        raise ConfigError("trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU")
+    return loop_cfg
+
+
+def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str, Any]:
+    """Run one training job described by ``cfg``; return its summary (with ``run_dir``).
+
+    ``cli`` (the Hydra command line) tells a resumed run which keys the command set explicitly;
+    without it every key that differs from the saved config counts as set (see
+    :func:`curvopt.training.rundir.resume_config`)."""
     cfg = apply_optimizer_variant(cfg)
+    check_trainer(cfg.trainer)
+    check_optimizer_values(cfg.optimizer)
     tcfg = cfg.trainer
     dist = (
         init_distributed(str(tcfg.device), str(tcfg.get("dist_backend", "auto")))
@@ -223,83 +286,124 @@ def run_from_config(cfg: DictConfig) -> dict[str, Any]:
         else SINGLE
     )
     try:
-        return _run(cfg, dist)
+        return _run(cfg, dist, cli)
     finally:
         cleanup(dist)
 
 
-def _run(cfg: DictConfig, dist: DistInfo) -> dict[str, Any]:
+def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dict[str, Any]:
     tcfg = cfg.trainer
-    device = (
-        device_for(dist, str(resolve_device(tcfg.device))) if dist.enabled else resolve_device(tcfg.device)
-    )
-    dtype = DTYPES[tcfg.dtype]
-    seed_everything(int(cfg.seed), bool(tcfg.deterministic))
-    if tcfg.get("num_threads"):
-        torch.set_num_threads(int(tcfg.num_threads))
-    if tcfg.get("clock", "wall") == "process" and device.type == "cuda":
-        raise ValueError("trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU")
-
     run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg, dist)
-    if tcfg.resume and not (run_dir / "checkpoint.pt").exists():
-        raise FileNotFoundError(
-            f"trainer.resume=true needs run_id=<existing run> with a checkpoint; none at {run_dir}"
-        )
-    if not tcfg.resume and (run_dir / "summary.json").exists():
-        raise FileExistsError(
-            f"{run_dir} already holds a finished run; choose another run_id, delete it, or pass "
-            "trainer.resume=true to continue it"
-        )
-
+    resume, restart = bool(tcfg.get("resume", False)), bool(tcfg.get("restart", False))
+    # the topmost directory this run creates (removed again if it stops before training)
+    created = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     lock = RunLock(run_dir)
-    if dist.is_main:
-        lock.check()  # a second process on the same run refuses before loading anything
+    started = False
     try:
-        return _run_locked(cfg, dist, device, dtype, run_dir, lock)
+        if dist.is_main:
+            lock.acquire()  # one process per run directory, from before anything is loaded
+            mode = check_run_dir(run_dir, resume, restart)
+        else:
+            mode = "resume" if resume else "new"
+        plan = None
+        if mode == "resume" and (run_dir / "config.yaml").exists():
+            plan = resume_config(
+                OmegaConf.load(run_dir / "config.yaml"),
+                cfg,
+                cli,
+                _saved_choices(run_dir),
+                allow_change=bool(tcfg.get("allow_config_change", False)),
+            )
+            cfg = plan.config
+            tcfg = cfg.trainer
+        loop_cfg = check_trainer(tcfg)
+        device = (
+            device_for(dist, str(resolve_device(tcfg.device)))
+            if dist.enabled
+            else resolve_device(tcfg.device)
+        )
+        if tcfg.get("clock", "wall") == "process" and device.type == "cuda":
+            raise ConfigError(
+                "trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU"
+            )
+        dtype = DTYPES[tcfg.dtype]
+        seed_everything(int(cfg.seed), bool(tcfg.deterministic))
+        if tcfg.get("num_threads"):
+            torch.set_num_threads(int(tcfg.num_threads))
+        parts = _build_parts(cfg, dist, device, dtype)  # data, model, algorithm: fail before training
+        if dist.is_main:
+            if mode == "restart":
+                aside = move_records_aside(run_dir)
+                log.warning("trainer.restart=true: the old records of %s are in %s", run_dir.name, aside)
+            if plan is not None:
+                for line in plan.extended:
+                    log.info("resume extends the run: %s", line)
+                for line in plan.changed:
+                    log.warning("resume changes the run's config (trainer.allow_config_change): %s", line)
+            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            if mode != "resume":
+                save_command_line(run_dir, cli)
+        started = True
+        return _train_parts(cfg, dist, device, run_dir, loop_cfg, parts, resume=mode == "resume")
     finally:
         lock.release()
+        if not started and created is not None:
+            _remove_empty(run_dir, created)  # a run that stopped before training leaves no directory
 
 
-def _run_locked(
-    cfg: DictConfig, dist: DistInfo, device: torch.device, dtype: torch.dtype, run_dir: Path, lock: RunLock
-) -> dict[str, Any]:
+def _remove_empty(path: Path, top: Path) -> None:
+    """Remove ``path`` and its parents up to ``top`` while they are empty directories."""
+    for d in [path, *path.parents]:
+        try:
+            d.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        if d == top:
+            return
+
+
+def _saved_choices(run_dir: Path) -> dict[str, str] | None:
+    path = run_dir / "overrides.yaml"
+    if not path.exists():
+        return None
+    saved = OmegaConf.to_container(OmegaConf.load(path))
+    return dict(saved.get("choices") or {}) if isinstance(saved, dict) else None
+
+
+def _build_parts(
+    cfg: DictConfig, dist: DistInfo, device: torch.device, dtype: torch.dtype
+) -> tuple[DataBundle, Objective, Algorithm, int | None]:
     tcfg = cfg.trainer
     data = build_data(cfg, dtype, device)  # fails before training if data are missing
     model, loss = build_model(cfg, dtype, device)
     objective = Objective(model, loss)
     micro = tcfg.get("micro_batch_size")
-    algorithm = build_algorithm(
-        cfg.optimizer,
-        objective,
-        data,
-        micro_batch_size=int(micro) if micro else None,
-        train_model=wrap_ddp(model, dist, device) if dist.enabled else None,
-    )
+    try:
+        algorithm = build_algorithm(
+            cfg.optimizer,
+            objective,
+            data,
+            micro_batch_size=int(micro) if micro else None,
+            train_model=wrap_ddp(model, dist, device) if dist.enabled else None,
+        )
+    except (ValueError, TypeError) as err:
+        if isinstance(err, BadInputError):
+            raise
+        raise ConfigError(f"optimizer={cfg.optimizer.get('name')}: {err}") from err
+    return data, objective, algorithm, int(micro) if micro else None
 
-    if dist.is_main:
-        lock.acquire()  # owns the run directory from here until the run returns
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    loop_cfg = LoopConfig(
-        max_steps=int(tcfg.max_steps),
-        max_epochs=tcfg.max_epochs,
-        max_algo_time_s=tcfg.max_algo_time_s,
-        batch_size=int(tcfg.batch_size),
-        sampling=str(tcfg.get("sampling", "epoch")),
-        eval_every=int(tcfg.eval_every),
-        eval_batch_size=int(tcfg.eval_batch_size),
-        eval_splits=list(tcfg.eval_splits),
-        log_every=int(tcfg.log_every),
-        checkpoint_every=int(tcfg.checkpoint_every),
-        checkpoint_every_s=tcfg.get("checkpoint_every_s"),
-        keep_checkpoint=bool(tcfg.keep_checkpoint),
-        patience_evals=tcfg.patience_evals,
-        monitor=str(tcfg.get("monitor", "val/loss")),
-        monitor_mode=str(tcfg.get("monitor_mode", "min")),
-        progress=bool(tcfg.progress),
-        progress_log_every_s=float(tcfg.get("progress_log_every_s", 30.0)),
-        eval_galore_compat=bool(tcfg.get("eval_galore_compat", False)),
-        clock=str(tcfg.get("clock", "wall")),
-    )
+
+def _train_parts(
+    cfg: DictConfig,
+    dist: DistInfo,
+    device: torch.device,
+    run_dir: Path,
+    loop_cfg: LoopConfig,
+    parts: tuple[DataBundle, Objective, Algorithm, int | None],
+    resume: bool,
+) -> dict[str, Any]:
+    tcfg = cfg.trainer
+    data, objective, algorithm, micro = parts
     lcfg = cfg.logger
     tracker = make_tracker(
         lcfg.kind if dist.is_main else "none",
@@ -345,7 +449,10 @@ def _run_locked(
         tracker_every=int(lcfg.get("log_every", 1)),
         dist=dist,
     )
-    summary = trainer.run(resume=bool(tcfg.resume))
-    tracker.finish(exit_code=0 if summary["status"] == "completed" else 1)
+    summary: dict[str, Any] = {"status": "failed"}
+    try:
+        summary = trainer.run(resume=resume)
+    finally:
+        tracker.finish(exit_code=exit_code(summary))
     summary["run_dir"] = str(run_dir)
     return summary

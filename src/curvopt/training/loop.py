@@ -3,9 +3,14 @@
 Per step: ask the algorithm for its batch size, draw the batch, time ``algorithm.step`` (and
 only that: the *algorithm time* of the papers' time axes), log its scalars. Every
 ``eval_every`` steps, evaluate all splits outside the timer. Stop on ``max_steps``,
-``max_epochs``, an algorithm-time budget, validation patience, a non-finite loss
-(``diverged``) or Ctrl-C (``interrupted``); records written so far are always kept, and a
-checkpoint lets ``resume=True`` continue with identical metrics.
+``max_epochs``, an algorithm-time budget, validation patience, a non-finite loss or gradient
+(``diverged``), SIGINT/SIGTERM (``interrupted``) or an error (``failed``); records written so far
+are always kept and ``summary.json`` always says which.
+
+Signals are deferred: SIGINT (Ctrl-C) or SIGTERM (a scheduler's stop) lets the current step and
+its records finish, then the loop writes a checkpoint *at that step boundary* and stops, so
+``resume=True`` continues with metrics identical to an uninterrupted run. A second signal stops
+at once without a new checkpoint (the last periodic one, if any, stays valid). docs/resume.md.
 
 Language-model runs add, per logged step, ``tokens`` (non-ignored targets of the update),
 ``tokens_seen`` and ``tokens_per_s`` (tokens over the update's algorithm time, evaluation
@@ -19,8 +24,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import resource
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,18 +37,31 @@ from typing import Any
 import numpy as np
 import torch
 
+from curvopt.errors import ConfigError, CorruptCheckpointError, NoCheckpointError
 from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle
 from curvopt.training.distributed import SINGLE, DistInfo, all_reduce, gather_objects, shard_slice
 from curvopt.training.evaluation import evaluate_split
 from curvopt.training.records import RunRecorder
-from curvopt.training.sampler import BatchSampler, shard
+from curvopt.training.sampler import SAMPLING_MODES, BatchSampler, shard
 from curvopt.training.tracking import NullTracker
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes", "tokens_per_s")
+
+
+def is_timing_field(key: str) -> bool:
+    """Fields that measure time or memory (they differ between identical runs): the loop's
+    :data:`TIMING_FIELDS` and the optimizers' own timers (``ese_time_s``, ``lsmr_time``, …)."""
+    return key in TIMING_FIELDS or key.endswith(("_time", "_time_s"))
+
+
+def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metric rows without their timing fields: what must be identical between a resumed run and
+    an uninterrupted one (docs/resume.md)."""
+    return [{k: v for k, v in row.items() if not is_timing_field(k)} for row in rows]
 
 
 @dataclass
@@ -73,7 +94,113 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         if self.clock not in ("wall", "process"):
-            raise ValueError(f"trainer.clock must be 'wall' or 'process', got {self.clock!r}")
+            raise ConfigError(f"trainer.clock must be 'wall' or 'process', got {self.clock!r}")
+        checks = (
+            ("max_steps", self.max_steps, 0, False),
+            ("batch_size", self.batch_size, 1, False),
+            ("eval_every", self.eval_every, 1, False),
+            ("eval_batch_size", self.eval_batch_size, 1, False),
+            ("log_every", self.log_every, 1, False),
+            ("checkpoint_every", self.checkpoint_every, 0, False),
+            ("patience_evals", self.patience_evals, 1, True),
+        )
+        for key, value, minimum, none_ok in checks:
+            _check_int(key, value, minimum, none_ok)
+        _check_float("max_epochs", self.max_epochs, positive=True, none_ok=True)
+        _check_float("max_algo_time_s", self.max_algo_time_s, positive=True, none_ok=True)
+        _check_float("checkpoint_every_s", self.checkpoint_every_s, positive=False, none_ok=True)  # 0 = off
+        _check_float("progress_log_every_s", self.progress_log_every_s, positive=False, none_ok=False)
+        if self.sampling not in SAMPLING_MODES:
+            raise ConfigError(
+                f"trainer.sampling={self.sampling!r}: choose one of {', '.join(SAMPLING_MODES)}"
+            )
+        if self.monitor_mode not in ("min", "max"):
+            raise ConfigError(f"trainer.monitor_mode={self.monitor_mode!r}: choose min or max")
+        unknown = [s for s in self.eval_splits if s not in ("train", "val", "test")]
+        if unknown:
+            raise ConfigError(f"trainer.eval_splits has {unknown}: the splits are train, val and test")
+
+    @classmethod
+    def from_trainer(cls, tcfg: Any) -> LoopConfig:
+        """The loop's settings from a ``trainer`` config, every value checked (type and range)
+        before anything is loaded or created; a bad one raises :class:`ConfigError` naming it."""
+        get = tcfg.get
+        splits = get("eval_splits", ["train", "val", "test"])
+        if isinstance(splits, str) or not all(isinstance(x, str) for x in splits):
+            raise ConfigError(f"trainer.eval_splits={splits!r}: expected a list such as [train, val, test]")
+        return cls(
+            max_steps=_as_int("max_steps", get("max_steps", 1000)),
+            max_epochs=_as_float("max_epochs", get("max_epochs")),
+            max_algo_time_s=_as_float("max_algo_time_s", get("max_algo_time_s")),
+            batch_size=_as_int("batch_size", get("batch_size", 128)),
+            sampling=str(get("sampling", "epoch")),
+            eval_every=_as_int("eval_every", get("eval_every", 100)),
+            eval_batch_size=_as_int("eval_batch_size", get("eval_batch_size", 2000)),
+            eval_splits=list(splits),
+            log_every=_as_int("log_every", get("log_every", 1)),
+            checkpoint_every=_as_int("checkpoint_every", get("checkpoint_every", 0)),
+            checkpoint_every_s=_as_float("checkpoint_every_s", get("checkpoint_every_s")),
+            keep_checkpoint=as_bool("trainer.keep_checkpoint", get("keep_checkpoint", True)),
+            patience_evals=_as_int("patience_evals", get("patience_evals")),
+            monitor=str(get("monitor", "val/loss")),
+            monitor_mode=str(get("monitor_mode", "min")),
+            progress=as_bool("trainer.progress", get("progress", True)),
+            progress_log_every_s=_as_float("progress_log_every_s", get("progress_log_every_s", 30.0)),
+            eval_galore_compat=as_bool("trainer.eval_galore_compat", get("eval_galore_compat", False)),
+            clock=str(get("clock", "wall")),
+        )
+
+
+def as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{name}={value!r}: expected true or false")
+
+
+def _as_int(key: str, value: Any) -> int | None:
+    """An integer setting (``None`` passes through); ``12.0`` or ``1e4`` are accepted as integers."""
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ConfigError(f"trainer.{key}={value!r}: expected a whole number, e.g. trainer.{key}=100")
+
+
+def _as_float(key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"trainer.{key}={value!r}: expected a number (or null), e.g. trainer.{key}=60")
+
+
+def _check_int(key: str, value: Any, minimum: int, none_ok: bool) -> None:
+    if value is None and none_ok:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"trainer.{key}={value!r}: expected a whole number")
+    if value < minimum:
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        off = " (or null: off)" if none_ok else ""
+        raise ConfigError(f"trainer.{key}={value}: must be {what}{off}")
+
+
+def _check_float(key: str, value: Any, positive: bool, none_ok: bool) -> None:
+    if value is None and none_ok:
+        return
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or math.isnan(value)
+        or (positive and not value > 0)
+        or (not positive and value < 0)
+    ):
+        off = " (or null: off)" if none_ok else ""
+        raise ConfigError(
+            f"trainer.{key}={value!r}: must be a {'positive' if positive else 'non-negative'} number{off}"
+        )
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -104,6 +231,54 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
+
+
+class StopSignals:
+    """Defers SIGINT and SIGTERM while installed: the first one only sets :attr:`received` (the
+    loop stops at the next step boundary, with a checkpoint); a second one raises
+    ``KeyboardInterrupt`` at once. Handlers can only be installed from the main thread; elsewhere
+    (a run started from a worker thread) signals keep their previous behaviour."""
+
+    NAMES = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm"}
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.shield = False  # set while the records are written: further signals are only logged
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str | None:
+        return self.NAMES.get(self.received) if self.received is not None else None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        del frame
+        if self.shield:
+            log.warning("%s received while the run's records are written; stopping right after", signum)
+            self.received = self.received or signum
+            return
+        if self.received is not None:
+            raise KeyboardInterrupt(f"second stop signal ({signal.Signals(signum).name})")
+        self.received = signum
+        log.warning(
+            "%s received: finishing the current step, then checkpoint and stop "
+            "(send it again to stop at once, without a new checkpoint)",
+            signal.Signals(signum).name,
+        )
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.NAMES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+class CheckpointWriteError(RuntimeError):
+    """``checkpoint.pt`` could not be written (full disk, permissions); the previous one is intact."""
 
 
 class _NullRecorder:
@@ -160,6 +335,9 @@ class Trainer:
         self.evals_since_best = 0
         self.last_eval: dict[str, float] = {}
         self.status = "running"
+        self.checkpoint_step: int | None = None  # step of the checkpoint on disk (resumable from)
+        self.checkpoint_error: str | None = None
+        self.error: str | None = None
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _checkpoint_state(self) -> dict[str, Any]:
@@ -184,14 +362,39 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
+        """Write ``checkpoint.pt`` atomically (a temporary file, fsync, rename): a crash or a full
+        disk leaves the previous checkpoint intact and no partial file behind. A failed write
+        raises :class:`CheckpointWriteError` naming the file."""
         state = self._checkpoint_state()  # collective under DDP (stream positions): every rank
         if not self.dist.is_main:
             return
         path = self.run_dir / CHECKPOINT_NAME
         tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)
+        try:
+            with tmp.open("wb") as fh:
+                torch.save(state, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, (OSError, RuntimeError)):  # torch reports a full disk as RuntimeError
+                raise CheckpointWriteError(
+                    f"could not write the checkpoint {path} at step {self.step}: {err}; "
+                    "free disk space (or point paths.results_dir elsewhere)"
+                ) from err
+            raise
         self._last_checkpoint = time.perf_counter()
+        self.checkpoint_step = self.step
+
+    def _try_checkpoint(self) -> None:
+        """A checkpoint whose failure is recorded (summary ``checkpoint_error``), not fatal."""
+        try:
+            self.save_checkpoint()
+        except CheckpointWriteError as err:
+            self.checkpoint_error = str(err)
+            self._last_checkpoint = time.perf_counter()  # do not retry at every step
+            log.error("%s", err)
 
     def _checkpoint_due(self) -> bool:
         cfg = self.cfg
@@ -226,13 +429,25 @@ class Trainer:
     def load_checkpoint(self) -> int:
         path = self.run_dir / CHECKPOINT_NAME
         if not path.exists():
-            raise FileNotFoundError(
+            raise NoCheckpointError(
                 f"trainer.resume=true but there is no checkpoint at {path}; "
                 "run without resume, or set trainer.checkpoint_every > 0 so runs leave checkpoints"
             )
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        self.objective.model.load_state_dict(state["model"])
-        self.algorithm.load_state_dict(state["algorithm"])
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=False)
+        except Exception as err:  # truncated / not a torch file
+            raise CorruptCheckpointError(
+                f"{path} cannot be read ({type(err).__name__}: {err}); it is truncated or corrupt. "
+                "Restore it, or start the run again with trainer.restart=true"
+            ) from err
+        try:
+            self.objective.model.load_state_dict(state["model"])
+            self.algorithm.load_state_dict(state["algorithm"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as err:
+            raise CorruptCheckpointError(
+                f"{path} does not fit this run's model or optimizer ({type(err).__name__}: {err}); "
+                "resume with the run's own config (the saved config.yaml), or trainer.restart=true"
+            ) from err
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
         if self.stream is not None:
@@ -253,6 +468,7 @@ class Trainer:
         self.best = state["best"]
         self.evals_since_best = state["evals_since_best"]
         self.last_eval = state["last_eval"]
+        self.checkpoint_step = self.step
         return self.step
 
     # -- pieces -----------------------------------------------------------------------------------
@@ -374,12 +590,21 @@ class Trainer:
         return (int(summed[1]) if tokens is not None else None), seconds
 
     # -- the loop ----------------------------------------------------------------------------------
+    def _stop_requested(self, signals: StopSignals) -> bool:
+        """Whether a stop signal arrived (on any rank: every rank must stop at the same step)."""
+        flag = float(signals.received is not None)
+        if self.dist.enabled:
+            (flag,) = all_reduce([flag], "max", self.dist, self.device)
+        return flag > 0
+
     def run(self, resume: bool = False) -> dict[str, Any]:
+        """Train until a stop condition; always write ``summary.json``. An error during training
+        is recorded (``status: failed``) and then raised again."""
         self._t_start = time.perf_counter()
         self._last_checkpoint = self._t_start
         self._last_progress_line = -math.inf
         if resume:
-            self.load_checkpoint()
+            self.load_checkpoint()  # before any record is touched: a bad checkpoint changes nothing
         if self.dist.is_main:
             recorder: Any = RunRecorder(self.run_dir, resume_step=self.step if resume else None)
         else:
@@ -393,86 +618,133 @@ class Trainer:
             progress = tqdm(
                 total=self.cfg.max_steps, initial=self.step, desc=self.run_dir.name, leave=False, disable=None
             )
-        try:
-            if not resume:
-                self._record(recorder, {**self.evaluate(), "peak_mem_bytes": peak_memory_bytes(self.device)})
-            while (stop_reason := self._stop_reason()) is None:
-                t_data = time.perf_counter()
-                excluded_before = self.eval_time
-                try:
-                    x_batch, y_batch, global_size = self._next_batch()
-                except StopIteration:
-                    stop_reason = "data_exhausted"
-                    break
-                tokens = self._count_tokens(y_batch)
-                _sync(self.device)
-                t0 = time.perf_counter()
-                c0 = time.process_time()
-                scalars = self.algorithm.step((x_batch, y_batch))
-                _sync(self.device)
-                t1 = time.perf_counter()
-                step_seconds = time.process_time() - c0 if self.cfg.clock == "process" else t1 - t0
-                tokens, seconds = self._reduce_step(scalars, tokens, step_seconds)
-                self.algo_time += seconds
-                self.step += 1
-                row: dict[str, Any] = {"batch_size": global_size, "step_time_s": seconds, **scalars}
-                if tokens is not None:
-                    self.tokens_seen += tokens
-                    row.update(
-                        tokens=tokens,
-                        tokens_seen=self.tokens_seen,
-                        tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
-                    )
-                diverged = not all(_finite(v) for k, v in scalars.items() if k == "loss")
-                if self.step % self.cfg.eval_every == 0 or diverged or self._stop_reason() is not None:
-                    metrics = self.evaluate()
-                    diverged = diverged or not all(
-                        math.isfinite(v) for k, v in metrics.items() if k.endswith("loss")
-                    )
-                    row.update(metrics)
-                    row["peak_mem_bytes"] = peak_memory_bytes(self.device)
-                    self._record(recorder, row)
-                    if progress is None or progress.disable:
-                        self._progress_line(metrics, scalars)
-                elif self.step % self.cfg.log_every == 0:
-                    self._record(recorder, row)
-                if diverged:
-                    stop_reason = "non_finite_loss"
-                    self.status = "diverged"
-                    break
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(
-                        {k: f"{v:.4g}" for k, v in scalars.items() if k == "loss"}, refresh=False
-                    )
-                # data + logging time of this step, evaluation excluded
-                self.overhead_time += (
-                    (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)
+        failure: BaseException | None = None
+        signals = StopSignals()
+        with signals:
+            try:
+                stop_reason = self._train(recorder, progress, signals, resume)
+                # a second signal may still abort this write (it then leaves no partial file)
+                wanted = self.status == "interrupted" or (
+                    self.status == "completed" and self.cfg.keep_checkpoint
                 )
-                if self._checkpoint_due():
-                    self.save_checkpoint()
-            if self.status == "running":
-                self.status = "completed"
-        except KeyboardInterrupt:
-            self.status, stop_reason = "interrupted", "keyboard_interrupt"
-            log.warning("interrupted at step %d; records kept, resume with trainer.resume=true", self.step)
-        finally:
-            if progress is not None:
-                progress.close()
-            if self.stream is not None:
-                self.stream.close()
-            if self.status in ("completed", "interrupted") and (
-                self.cfg.keep_checkpoint or self.status == "interrupted"
-            ):
-                self.save_checkpoint()
-            elif self.status == "completed" and not self.cfg.keep_checkpoint and self.dist.is_main:
-                # a finished run keeps no periodic checkpoint unless asked to (keep_checkpoint)
-                (self.run_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
-            summary = self._summary(stop_reason)
-            recorder.write_summary(summary)
-            recorder.close()
-            self.tracker.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
+                if wanted and self.checkpoint_step != self.step:
+                    self._try_checkpoint()
+            except KeyboardInterrupt:  # a second signal, or Ctrl-C without our handler: stop now
+                if self.status in ("running", "interrupted"):
+                    self.status = "interrupted"
+                    stop_reason = "sigterm_forced" if signals.name == "sigterm" else "keyboard_interrupt"
+                else:
+                    self.checkpoint_error = "stopped while writing the final checkpoint"
+                log.warning(
+                    "stopped at once at step %d without a new checkpoint; %s",
+                    self.step,
+                    f"resume continues from step {self.checkpoint_step}"
+                    if self.checkpoint_step is not None
+                    else "there is no checkpoint to resume from",
+                )
+            except Exception as err:
+                self.status, stop_reason = "failed", "error"
+                self.error = f"{type(err).__name__}: {err}"
+                failure = err
+            finally:
+                signals.shield = True  # from here on a signal cannot cut the records short
+                if progress is not None:
+                    progress.close()
+                if self.stream is not None:
+                    self.stream.close()
+                if self.status == "completed" and not self.cfg.keep_checkpoint and self.dist.is_main:
+                    # a finished run keeps no periodic checkpoint unless asked to (keep_checkpoint)
+                    (self.run_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
+                    self.checkpoint_step = None
+                summary = self._summary(stop_reason)
+                try:
+                    recorder.write_summary(summary)
+                finally:
+                    recorder.close()
+                self.tracker.summary({k: v for k, v in summary.items() if not isinstance(v, dict)})
+        if failure is not None:
+            raise failure
+        if self.status == "interrupted":
+            log.warning(
+                "interrupted at step %d (%s); records kept%s",
+                self.step,
+                stop_reason,
+                f", resume from step {self.checkpoint_step} with trainer.resume=true"
+                if self.checkpoint_step is not None
+                else "",
+            )
         return summary
+
+    def _train(self, recorder: Any, progress: Any, signals: StopSignals, resume: bool) -> str | None:
+        """The loop proper; sets :attr:`status` and returns the stop reason."""
+        if not resume:
+            self._record(recorder, {**self.evaluate(), "peak_mem_bytes": peak_memory_bytes(self.device)})
+        while (stop_reason := self._stop_reason()) is None:
+            # the only place a stop signal takes effect: every row of this step is written and the
+            # sampler / RNG have not moved yet, so a checkpoint here resumes exactly
+            if self._stop_requested(signals):
+                self.status = "interrupted"
+                return signals.name or "signal"
+            t_data = time.perf_counter()
+            excluded_before = self.eval_time
+            try:
+                x_batch, y_batch, global_size = self._next_batch()
+            except StopIteration:
+                stop_reason = "data_exhausted"
+                break
+            tokens = self._count_tokens(y_batch)
+            _sync(self.device)
+            t0 = time.perf_counter()
+            c0 = time.process_time()
+            try:
+                scalars = self.algorithm.step((x_batch, y_batch))
+            except FloatingPointError as err:  # NonFiniteError: the optimizer changed nothing
+                self.status, self.error = "diverged", f"{type(err).__name__}: {err}"
+                log.warning("step %d diverged: %s", self.step + 1, err)
+                return "non_finite_gradient"
+            _sync(self.device)
+            t1 = time.perf_counter()
+            step_seconds = time.process_time() - c0 if self.cfg.clock == "process" else t1 - t0
+            tokens, seconds = self._reduce_step(scalars, tokens, step_seconds)
+            self.algo_time += seconds
+            self.step += 1
+            row: dict[str, Any] = {"batch_size": global_size, "step_time_s": seconds, **scalars}
+            if tokens is not None:
+                self.tokens_seen += tokens
+                row.update(
+                    tokens=tokens,
+                    tokens_seen=self.tokens_seen,
+                    tokens_per_s=tokens / seconds if seconds > 0 else float("nan"),
+                )
+            diverged = not all(_finite(v) for k, v in scalars.items() if k == "loss")
+            if self.step % self.cfg.eval_every == 0 or diverged or self._stop_reason() is not None:
+                metrics = self.evaluate()
+                diverged = diverged or not all(
+                    math.isfinite(v) for k, v in metrics.items() if k.endswith("loss")
+                )
+                row.update(metrics)
+                row["peak_mem_bytes"] = peak_memory_bytes(self.device)
+                self._record(recorder, row)
+                if progress is None or progress.disable:
+                    self._progress_line(metrics, scalars)
+            elif self.step % self.cfg.log_every == 0:
+                self._record(recorder, row)
+            if diverged:
+                self.status = "diverged"
+                return "non_finite_loss"
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(
+                    {k: f"{v:.4g}" for k, v in scalars.items() if k == "loss"}, refresh=False
+                )
+            # data + logging time of this step, evaluation excluded
+            self.overhead_time += (
+                (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)
+            )
+            if self._checkpoint_due():
+                self._try_checkpoint()
+        self.status = "completed"
+        return stop_reason
 
     def _summary(self, stop_reason: str | None) -> dict[str, Any]:
         wall = self._wall()
@@ -494,6 +766,10 @@ class Trainer:
                 else {}
             ),
             "world_size": self.dist.world_size,
+            # resume (trainer.resume=true) continues from this step; null: nothing to resume from
+            "checkpoint_step": self.checkpoint_step,
+            **({"error": self.error} if self.error else {}),
+            **({"checkpoint_error": self.checkpoint_error} if self.checkpoint_error else {}),
             "final": self.last_eval,
             "best": self.best,
             **self.summary_extra,

@@ -7,6 +7,7 @@ far; ``summary.json`` is rewritten atomically.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from curvopt.errors import RunInUseError
 
 
 def _jsonable(value: Any) -> Any:
@@ -31,10 +34,29 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float (at any depth) replaced by its string ("nan", "inf",
+    "-inf"), so that ``json.dumps(..., allow_nan=False)`` gives standard JSON."""
+    if isinstance(value, dict):
+        return {str(k): finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    value = _jsonable(value)
+    if isinstance(value, (list, dict)):
+        return finite_json(value)
+    return value
+
+
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary file and a rename; on failure (a full disk) the old
+    file is intact and the temporary one removed."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
@@ -94,12 +116,12 @@ class RunRecorder:
         atomic_write_text(self.run_dir / "config.yaml", config_yaml)
 
     def log(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._file.write(json.dumps(finite_json(row), allow_nan=False) + "\n")
         self._file.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        clean = json.loads(json.dumps(summary, default=_jsonable))
-        atomic_write_text(self.summary_path, json.dumps(clean, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(finite_json(summary), indent=2, sort_keys=True, allow_nan=False, default=str)
+        atomic_write_text(self.summary_path, text + "\n")
 
     def close(self) -> None:
         if not self._file.closed:
@@ -131,37 +153,93 @@ def _boot_id() -> str:
 class RunLock:
     """``run.lock`` in a run directory: one process owns a run at a time.
 
-    The lock holds the owner's pid and boot id; a lock whose process is gone (killed, or left by
-    another machine, e.g. a run directory committed mid-run) is stale and taken over.
+    The owner holds an exclusive ``flock`` on the file for as long as it lives (the kernel drops
+    it when the process dies, however it dies) and writes its pid and boot id into it for the
+    messages. A lock file nobody holds — left by a killed process, or by another machine (a run
+    directory committed mid-run) — is stale and taken over. Lock files written by older code
+    (pid and boot id, no ``flock``) count as held while that pid is alive on this machine.
     """
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / "run.lock"
         self.held = False
+        self._fd: int | None = None
+
+    def _owner(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def _busy(self, info: dict[str, Any]) -> RunInUseError:
+        pid = info.get("pid", "?")
+        return RunInUseError(
+            f"{self.path.parent} is in use by process {pid}; wait for it to finish or stop it "
+            "(Ctrl-C or SIGTERM keeps its records and writes a checkpoint), or choose another run_id"
+        )
 
     def check(self) -> None:
-        """Refuse (RuntimeError) when a live process owns the run; creates nothing."""
-        if self.path.exists():
+        """Refuse (:class:`RunInUseError`) when a live process owns the run; creates nothing."""
+        if not self.path.exists():
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
             try:
-                info = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError):
-                info = {}
-            if info.get("boot_id") == _boot_id() and _alive(int(info.get("pid", -1))):
-                raise RuntimeError(
-                    f"{self.path.parent} is in use by process {info['pid']}; wait for it to finish or "
-                    "stop it (Ctrl-C keeps its records and checkpoint), or choose another run_id"
-                )
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise self._busy(self._owner()) from None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        info = self._owner()
+        if _legacy_owner_alive(info):
+            raise self._busy(info)
 
     def acquire(self) -> None:
-        self.check()
+        """Take the lock (creating the run directory) or raise :class:`RunInUseError`."""
+        if self.held:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps({"pid": os.getpid(), "boot_id": _boot_id()}))
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._busy(self._owner()) from None
+            try:  # the file may have been removed (released) between open and flock: retry
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        info = self._owner()
+        if _legacy_owner_alive(info):
+            os.close(fd)
+            raise self._busy(info)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "boot_id": _boot_id(), "flock": True}).encode())
+        self._fd = fd
         self.held = True
 
     def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
+        if self.held and self._fd is not None:
+            self.path.unlink(missing_ok=True)  # while still holding it: no one can take a dead inode
+            os.close(self._fd)
+            self._fd = None
             self.held = False
+
+
+def _legacy_owner_alive(info: dict[str, Any]) -> bool:
+    """A lock file from code without ``flock``: its pid alive on this boot (not this process)."""
+    if info.get("flock"):
+        return False  # written by a flock holder: the flock alone says whether it lives
+    pid = int(info.get("pid", -1) or -1)
+    return info.get("boot_id") == _boot_id() and pid != os.getpid() and _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,309 @@
+"""What a run directory may be used for, and the config a resumed run continues with.
+
+A run directory ``results/<experiment>/<run_id>/`` belongs to one run. Before anything is
+loaded, :func:`check_run_dir` decides from its files what the command may do with it:
+
+* a new (or empty) directory: start;
+* ``trainer.resume=true``: continue from ``checkpoint.pt`` (refused without one);
+* ``trainer.restart=true``: start again; the old records are moved aside to
+  ``<run_id>.<status>-<time>/`` (never deleted);
+* anything else that holds records (finished, failed, interrupted or killed) is refused with a
+  message that says which flag does what.
+
+On resume the run's saved ``config.yaml`` is its config (:func:`resume_config`): the command
+line may only *extend* the run (:data:`EXTEND_KEYS`) or change where and how it is observed
+(:func:`is_environment_key`: paths, logger, progress output); an override that changes anything
+else is refused with the difference printed, unless ``trainer.allow_config_change=true``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
+
+CHECKPOINT = "checkpoint.pt"
+RECORD_FILES = ("config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", CHECKPOINT)
+# overrides accepted on resume because they only extend the run (it continues identically)
+EXTEND_KEYS = (
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.max_algo_time_s",
+    "trainer.patience_evals",
+    "trainer.checkpoint_every",
+    "trainer.checkpoint_every_s",
+    "trainer.keep_checkpoint",
+)
+# where the run reads and writes, how it reports: always the current command line's
+ENVIRONMENT_PREFIXES = ("paths.", "logger.", "hydra.")
+ENVIRONMENT_KEYS = (
+    "trainer.resume",
+    "trainer.restart",
+    "trainer.allow_config_change",
+    "trainer.progress",
+    "trainer.progress_log_every_s",
+)
+# config groups whose choice is part of the environment (not of the run)
+ENVIRONMENT_GROUPS = ("logger", "paths", "trainer")
+
+
+def is_environment_key(key: str) -> bool:
+    return key in ENVIRONMENT_KEYS or key.startswith(ENVIRONMENT_PREFIXES) or key in ("paths", "logger")
+
+
+@dataclass
+class CommandLine:
+    """A Hydra command line: the overrides as typed and the config-group choices in effect."""
+
+    overrides: list[str] = field(default_factory=list)
+    choices: dict[str, str] = field(default_factory=dict)
+
+    def _parsed(self) -> list[Any]:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        return OverridesParser.create().parse_overrides(list(self.overrides))
+
+    @property
+    def explicit_keys(self) -> set[str]:
+        """Keys set by ``key=value`` (not group choices)."""
+        return {ov.key_or_group for ov in self._parsed() if ov.key_or_group not in self.choices}
+
+    @property
+    def chosen_groups(self) -> set[str]:
+        """Config groups chosen on the command line (``optimizer=adam``)."""
+        return {ov.key_or_group for ov in self._parsed() if ov.key_or_group in self.choices}
+
+    @classmethod
+    def parse(cls, overrides: Sequence[str], groups: Iterable[str]) -> CommandLine:
+        """From overrides alone (tests, scripts): ``groups`` are the config-group names."""
+        groups = set(groups)
+        choices = {}
+        for item in overrides:
+            key, _, value = item.partition("=")
+            if key in groups:
+                choices[key] = value
+        return cls(list(overrides), choices)
+
+
+# -- the run directory ----------------------------------------------------------------------------
+def has_records(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in RECORD_FILES)
+
+
+def run_status(run_dir: Path) -> str:
+    """``completed`` / ``diverged`` / ``failed`` / ``interrupted`` from ``summary.json``, or
+    ``killed`` when a run left records but no summary (or one still saying ``running``)."""
+    try:
+        status = json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        status = None
+    return status if status and status != "running" else "killed"
+
+
+def _describe(run_dir: Path, status: str) -> str:
+    checkpoint = run_dir / CHECKPOINT
+    return f"status {status}, " + ("a checkpoint" if checkpoint.exists() else "no checkpoint")
+
+
+def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
+    """What this command does with ``run_dir``: ``new``, ``resume`` or ``restart``; refuses
+    (:class:`RunExistsError`, :class:`NoCheckpointError`) with the flags that would work."""
+    if resume and restart:
+        raise ConfigError("trainer.resume=true and trainer.restart=true exclude each other; choose one")
+    records = run_dir.is_dir() and has_records(run_dir)
+    if resume:
+        if not (run_dir / CHECKPOINT).exists():
+            if not records:
+                raise NoCheckpointError(
+                    f"trainer.resume=true needs run_id=<existing run> with a checkpoint; none at {run_dir}"
+                )
+            status = run_status(run_dir)
+            raise NoCheckpointError(
+                f"trainer.resume=true but {run_dir} ({_describe(run_dir, status)}) has nothing to resume "
+                "from; start it again with trainer.restart=true (its records are moved aside), and set "
+                "trainer.checkpoint_every or trainer.checkpoint_every_s so that a run leaves checkpoints"
+            )
+        return "resume"
+    if not records:
+        return "new"
+    if restart:
+        return "restart"
+    status = run_status(run_dir)
+    if status in ("completed", "diverged"):
+        raise RunExistsError(
+            f"{run_dir} already holds a finished run ({status}); choose another run_id, pass "
+            "trainer.restart=true to run it again (the old records are moved aside, not deleted), or "
+            "trainer.resume=true with a larger trainer.max_steps to extend it"
+        )
+    resumable = (run_dir / CHECKPOINT).exists()
+    raise RunExistsError(
+        f"{run_dir} holds an unfinished run ({_describe(run_dir, status)}); "
+        + ("continue it with trainer.resume=true, or " if resumable else "")
+        + "start it again with trainer.restart=true (the old records are moved aside, not deleted)"
+    )
+
+
+def move_records_aside(run_dir: Path) -> Path:
+    """Move the record files of ``run_dir`` into a new sibling ``<run_id>.<status>-<time>/``."""
+    status = run_status(run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir.with_name(f"{run_dir.name}.{status}-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run_dir.with_name(f"{run_dir.name}.{status}-{stamp}-{n}")
+    aside.mkdir(parents=True)
+    for path in run_dir.iterdir():
+        if path.name != "run.lock":
+            shutil.move(str(path), str(aside / path.name))
+    return aside
+
+
+def save_command_line(run_dir: Path, cli: CommandLine | None) -> None:
+    if cli is None:
+        return
+    text = OmegaConf.to_yaml(
+        OmegaConf.create({"overrides": list(cli.overrides), "choices": dict(cli.choices)})
+    )
+    (run_dir / "overrides.yaml").write_text(text)
+
+
+# -- the config of a resumed run ------------------------------------------------------------------
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of the leaves of a nested dict (lists and empty dicts are leaves)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _under(key: str, roots: Iterable[str]) -> bool:
+    return any(key == r or key.startswith(r + ".") for r in roots)
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is _ABSENT else repr(value)
+
+
+_ABSENT = object()
+# identity of a group's choice for runs saved before overrides.yaml existed
+_LEGACY_IDENTITY = {
+    "experiment": ("experiment_name", "profile"),
+    "optimizer": ("optimizer.name",),
+    "dataset": ("dataset.name",),
+}
+
+
+@dataclass
+class ResumePlan:
+    config: DictConfig
+    extended: list[str]  # "key: old -> new" applied because they extend the run
+    changed: list[str]  # "key: old -> new" applied under trainer.allow_config_change
+
+
+def resume_config(
+    saved: DictConfig | dict,
+    fresh: DictConfig,
+    cli: CommandLine | None = None,
+    saved_choices: dict[str, str] | None = None,
+    allow_change: bool = False,
+) -> ResumePlan:
+    """The config a resumed run continues with: its ``saved`` config, plus from ``fresh`` (the
+    config this command composed) the environment keys, the :data:`EXTEND_KEYS` set explicitly
+    and keys new since the run was saved. ``cli`` tells which keys the command line set; without
+    it (a config built in Python) every differing key counts as set. An explicit change to any
+    other key raises :class:`ConfigError` listing the differences, unless ``allow_change``."""
+    saved_c = OmegaConf.to_container(saved, resolve=True) if isinstance(saved, DictConfig) else dict(saved)
+    raw = OmegaConf.to_container(fresh, resolve=False)
+    resolved = OmegaConf.to_container(fresh, resolve=True)
+    assert isinstance(saved_c, dict) and isinstance(raw, dict) and isinstance(resolved, dict)
+    s_flat, f_flat, r_flat = _flatten(saved_c), _flatten(resolved), _flatten(raw)
+    explicit = cli.explicit_keys if cli is not None else None
+    chosen = (cli.chosen_groups - set(ENVIRONMENT_GROUPS)) if cli is not None else set()
+
+    updates: dict[str, Any] = {}
+    extended, conflicts = [], []
+    for group in sorted(chosen):  # a different group choice changes the run
+        new = cli.choices.get(group) if cli is not None else None
+        if saved_choices is not None:
+            if group in saved_choices and saved_choices[group] != new:
+                conflicts.append((group, f"{group}: {saved_choices[group]} -> {new}", [group]))
+            continue
+        if group in _LEGACY_IDENTITY:
+            keys = _LEGACY_IDENTITY[group]
+        else:
+            keys = tuple(k for k in f_flat if _under(k, [group]) and not _under(k, explicit or ()))
+        diff = [k for k in keys if s_flat.get(k, _ABSENT) != f_flat.get(k, _ABSENT) and k in f_flat]
+        if diff:
+            lines = "; ".join(f"{k}: {_show(s_flat.get(k, _ABSENT))} -> {f_flat[k]!r}" for k in diff)
+            conflicts.append((group, f"{group}={new} ({lines})", [group]))
+
+    for key in sorted(set(f_flat) | set(s_flat)):
+        if key.startswith("hydra"):
+            continue
+        old, new = s_flat.get(key, _ABSENT), f_flat.get(key, _ABSENT)
+        if is_environment_key(key):
+            if new is not _ABSENT:
+                updates[key] = new
+            continue
+        if new is _ABSENT or old == new:
+            continue
+        if old is _ABSENT:  # a key added to the configs since the run was saved
+            updates[key] = r_flat.get(key, new)
+            continue
+        if explicit is not None and not _under(key, explicit):
+            continue  # not asked for: the run keeps its value
+        line = f"{key}: {old!r} -> {new!r}"
+        if key in EXTEND_KEYS:
+            updates[key] = new
+            extended.append(line)
+        else:
+            conflicts.append((key, line, [key]))
+
+    changed = []
+    if conflicts:
+        if not allow_change:
+            listed = "\n".join(f"  {line}" for _, line, _ in conflicts)
+            raise ConfigError(
+                "trainer.resume=true continues a run with its saved config.yaml, but this command "
+                f"changes it:\n{listed}\n"
+                "Drop these overrides to continue the run as it was, start a new run_id, or pass "
+                "trainer.allow_config_change=true to continue with the changed values (the records "
+                "then mix two configs). Overrides that only extend a run are accepted: "
+                + ", ".join(EXTEND_KEYS)
+                + "."
+            )
+        for _, line, roots in conflicts:
+            changed.append(line)
+            for key, value in f_flat.items():
+                if _under(key, roots) or (roots == ["experiment"] and not is_environment_key(key)):
+                    updates[key] = value
+
+    # interpolations that produced the saved value (data_dir: ${paths.data_dir}) follow the
+    # current environment: re-point them instead of keeping the saved literal
+    base = OmegaConf.create(saved_c)
+    for key, value in r_flat.items():
+        if key in updates or not (isinstance(value, str) and "${" in value) or key not in s_flat:
+            continue
+        probe = OmegaConf.create(saved_c)
+        try:
+            OmegaConf.update(probe, key, value, force_add=True)
+            if OmegaConf.select(probe, key) == s_flat[key]:
+                updates[key] = value
+        except Exception:  # an interpolation the saved config cannot resolve: keep the literal
+            continue
+    for key, value in updates.items():
+        OmegaConf.update(base, key, value, force_add=True, merge=False)
+    config = OmegaConf.create(OmegaConf.to_container(base, resolve=True))
+    assert isinstance(config, DictConfig)
+    return ResumePlan(config, extended, changed)

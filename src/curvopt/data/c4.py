@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvopt.data.common import DataNotFoundError
+from curvopt.data.common import CorruptDataError, DataNotFoundError, hub_reachable
 from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
@@ -116,11 +116,10 @@ def load_tokenizer(data_dir: str | Path, name: str = "t5-base") -> Any:
     from transformers import AutoTokenizer
 
     local = Path(data_dir) / "tokenizers" / name
-    if local.is_dir():
-        return AutoTokenizer.from_pretrained(str(local), model_max_length=int(1e9))
-    if Path(name).is_dir():
-        return AutoTokenizer.from_pretrained(name, model_max_length=int(1e9))
-    if is_offline():
+    for folder in (local, Path(name)):
+        if folder.is_dir():
+            return _local_tokenizer(AutoTokenizer, folder, data_dir)
+    if not hub_reachable():
         raise DataNotFoundError(
             _missing_message(data_dir, f"no local tokenizer '{name}' and the hub is offline")
         )
@@ -130,6 +129,38 @@ def load_tokenizer(data_dir: str | Path, name: str = "t5-base") -> Any:
         raise DataNotFoundError(
             _missing_message(data_dir, f"tokenizer '{name}' unavailable ({err!r})")
         ) from None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer.model", "vocab.json")
+
+
+def _local_tokenizer(auto: Any, folder: Path, data_dir: str | Path) -> Any:
+    """A tokenizer from a local directory; an empty or unreadable one is named, not a traceback."""
+    present = sorted(p.name for p in folder.iterdir() if p.is_file())
+    if not any(name in present for name in TOKENIZER_FILES):
+        raise DataNotFoundError(
+            _missing_message(
+                data_dir,
+                f"the tokenizer directory {folder.resolve()} holds no tokenizer files "
+                f"(found: {', '.join(present) or 'nothing'}; expected one of {', '.join(TOKENIZER_FILES)})",
+            )
+        )
+    try:
+        return auto.from_pretrained(str(folder), model_max_length=int(1e9))
+    except Exception as err:  # truncated JSON, a broken sentencepiece model, …
+        raise CorruptDataError(
+            f"{folder.resolve()}: the tokenizer cannot be loaded ({type(err).__name__}: {err}); one of its "
+            f"files ({', '.join(present)}) is truncated or corrupt: copy the tokenizer again "
+            "(e.g. huggingface-cli download google-t5/t5-base into that directory)"
+        ) from None
+
+
+def corrupt_c4(files: list[str] | list[Path], err: BaseException) -> CorruptDataError:
+    listed = ", ".join(str(Path(f).resolve()) for f in files)
+    return CorruptDataError(
+        f"C4: cannot read {listed} ({type(err).__name__}: {err}); the file is truncated, not gzip, or not "
+        "JSON lines with a 'text' field. Copy it again, or remove it to stream allenai/c4 from the hub"
+    )
 
 
 def document_dataset(
@@ -155,13 +186,16 @@ def document_dataset(
         raise ValueError(f"source must be auto | local | hub, got {source!r}")
     files = local_files(data_dir, split) if source in ("auto", "local") else []
     if files:
-        ds = datasets.load_dataset(
-            "json", data_files=[str(f) for f in files], split="train", streaming=True
-        ).select_columns(["text"])
+        try:
+            ds = datasets.load_dataset(
+                "json", data_files=[str(f) for f in files], split="train", streaming=True
+            ).select_columns(["text"])
+        except Exception as err:  # a truncated .gz (EOFError), broken JSON, no 'text' column
+            raise corrupt_c4(files, err) from None
         info = {"source": "local", "files": [str(f) for f in files]}
-    elif source == "local" or is_offline():
+    elif source == "local" or not hub_reachable():
         raise DataNotFoundError(
-            _missing_message(data_dir, f"no local '{split}' files and the hub is offline")
+            _missing_message(data_dir, f"no local '{split}' files and the hub is offline or unreachable")
         )
     else:
         try:
@@ -178,15 +212,22 @@ def document_dataset(
     return ds, info
 
 
-def iter_texts(ds: Iterable[dict[str, Any]], data_dir: str | Path) -> Iterator[str]:
-    """Texts of a document stream; a hub/network failure becomes a DataNotFoundError."""
+def iter_texts(
+    ds: Iterable[dict[str, Any]], data_dir: str | Path, local_files: list[str] | None = None
+) -> Iterator[str]:
+    """Texts of a document stream. Reading ``local_files`` fails with a CorruptDataError naming
+    them (truncated gzip, broken JSON); a hub/network failure becomes a DataNotFoundError."""
     try:
         for doc in ds:
             yield doc["text"]
-    except DataNotFoundError:
+    except (DataNotFoundError, CorruptDataError):
         raise
-    except (OSError, ConnectionError) as err:
-        raise DataNotFoundError(_missing_message(data_dir, f"reading C4 failed ({err!r})")) from None
+    except Exception as err:
+        if local_files:
+            raise corrupt_c4(local_files, err) from None
+        if isinstance(err, (OSError, ConnectionError)):
+            raise DataNotFoundError(_missing_message(data_dir, f"reading C4 failed ({err!r})")) from None
+        raise
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,8 +386,10 @@ class C4TrainStream:
         resume_mode: str = "skip",
         docs_per_epoch: int | None = None,
         max_epochs: int | None = None,
+        local_files: list[str] | None = None,
     ) -> None:
         self.make_dataset = make_dataset
+        self.local_files = local_files
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.packing = packing
@@ -412,7 +455,7 @@ class C4TrainStream:
         if self.resume_mode == "datasets" and ds_state is not None:
             ds.load_state_dict(ds_state)
             skip = 0
-        texts = iter_texts(ds, self.data_dir)
+        texts = iter_texts(ds, self.data_dir, self.local_files)
         if skip:
             for _ in itertools.islice(texts, skip):
                 pass
@@ -523,6 +566,10 @@ class C4TrainStream:
 # --------------------------------------------------------------------------------------------
 # the dataset target
 # --------------------------------------------------------------------------------------------
+def _local(info: dict[str, Any]) -> list[str] | None:
+    return list(info["files"]) if info["source"] == "local" else None
+
+
 def load_c4(
     data_dir: str,
     max_length: int = 256,
@@ -593,7 +640,7 @@ def load_c4(
 
     train_ids = train_mask = None
     if not streaming or vocab_limit is not None:
-        texts = iter_texts(make_dataset("train")(), data_dir)
+        texts = iter_texts(make_dataset("train")(), data_dir, _local(train_info))
         train_ids, train_mask, used = tokenize_split(tok, texts, max_length, packing, max_docs=num_train_docs)
         if train_ids.shape[0] == 0:
             raise DataNotFoundError(_missing_message(data_dir, "the C4 training split is empty"))
@@ -616,7 +663,7 @@ def load_c4(
         return ids, next_token_labels(ids, mask)
 
     # validation: per-document padding always (GaLore's evaluation), in memory
-    val_texts = iter_texts(make_dataset("validation")(), data_dir)
+    val_texts = iter_texts(make_dataset("validation")(), data_dir, _local(val_info))
     val_ids, val_mask, val_docs = tokenize_split(
         tok, val_texts, max_length, packing=False, max_docs=num_val_docs, max_tokens=val_tokens
     )
@@ -641,6 +688,7 @@ def load_c4(
             prefetch=prefetch,
             resume_mode=resume_mode,
             docs_per_epoch=meta.get("train_docs") if train_info["source"] == "local" else None,
+            local_files=_local(train_info),
         )
         log.info(
             "C4: streaming training data (%s), %d validation sequences", train_info["source"], val[0].shape[0]

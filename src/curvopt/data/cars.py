@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from curvopt.data.common import DataNotFoundError, missing_data_message
+from curvopt.data.common import DataNotFoundError, hub_reachable, missing_data_message, offline_note
 from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
@@ -276,6 +276,10 @@ def _pil_images(items: list[tuple[Path, int]]) -> Iterator[tuple[Any, int]]:
 def _hf_images(source: str, split: str) -> Iterator[tuple[Any, int]]:
     import datasets  # noqa: PLC0415
 
+    if not Path(source).exists() and not hub_reachable():
+        raise DataNotFoundError(
+            f"Cars196: {source} is neither a local dataset directory nor reachable\n{offline_note()}"
+        )
     ds = (
         datasets.load_from_disk(source)[split]
         if Path(source).exists()

@@ -35,7 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from curvopt.data.common import CorruptDataError, DataNotFoundError, missing_data_message
+from curvopt.data.common import (
+    CorruptDataError,
+    DataNotFoundError,
+    hub_reachable,
+    missing_data_message,
+    offline_note,
+)
 from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
@@ -150,6 +156,8 @@ def read_cifar10(
         )
         if not allow_download:
             raise DataNotFoundError(message)
+        if not hub_reachable():
+            raise DataNotFoundError(f"{message}\n{offline_note()}")
         try:
             x, y = _download_hf(split)
             source = "huggingface:uoft-cs/cifar10"

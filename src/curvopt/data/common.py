@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from curvopt.errors import BadInputError
+
+log = logging.getLogger(__name__)
 
 
 class DataNotFoundError(BadInputError, FileNotFoundError):
@@ -28,6 +32,52 @@ def missing_data_message(name: str, directory: Path, files: list[str], how: str)
         f"How to get them: {how}\n"
         "Point the project at another data directory with `paths.data_dir=...` or the "
         "CURVOPT_DATA_DIR environment variable."
+    )
+
+
+_HUB: dict[str, bool] = {}  # the one answer per process of hub_reachable()
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_offline_requested() -> bool:
+    """``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set to a true value."""
+    return any(os.environ.get(k, "0").strip().lower() not in ("", "0", "false", "no") for k in OFFLINE_VARS)
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub can be reached, asked once per process.
+
+    ``False`` at once when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set. Otherwise one HEAD request
+    to ``$HF_ENDPOINT`` (default https://huggingface.co; proxies from the environment apply) with a
+    ``timeout_s`` limit, instead of the hub libraries' own retries (40-60 s per loader without a
+    network). An unreachable hub also sets HF_HUB_OFFLINE / HF_DATASETS_OFFLINE for this process,
+    so that libraries imported later do not retry either."""
+    if hub_offline_requested():
+        return False
+    if "reachable" not in _HUB:
+        import urllib.error
+        import urllib.request
+
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+        try:
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s)
+            reachable = True
+        except urllib.error.HTTPError:  # an answer, even an error status: the hub is there
+            reachable = True
+        except (OSError, ValueError):  # no route, DNS, timeout, refused, bad endpoint
+            reachable = False
+        _HUB["reachable"] = reachable
+        if not reachable:
+            log.warning("the Hugging Face hub (%s) is not reachable: no downloads in this process", endpoint)
+            for var in OFFLINE_VARS:
+                os.environ.setdefault(var, "1")
+    return _HUB["reachable"]
+
+
+def offline_note() -> str:
+    return (
+        "(No download was tried: the Hugging Face hub is offline (HF_HUB_OFFLINE) or not reachable "
+        "from this machine.)"
     )
 
 

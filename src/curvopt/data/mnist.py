@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,10 @@ import torch
 from curvopt.data.common import (
     CorruptDataError,
     DataNotFoundError,
+    hub_reachable,
     md5_bytes,
     missing_data_message,
+    offline_note,
     split_indices,
 )
 from curvopt.training.algorithm import DataBundle
@@ -71,8 +74,11 @@ def read_mnist_idx(data_dir: str | Path, verify: bool = True) -> dict[str, np.nd
             continue
         try:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        except (OSError, EOFError) as err:
-            raise CorruptDataError(f"{path}: cannot decompress ({err}); re-download the file") from err
+        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError; a flipped byte: zlib
+            raise CorruptDataError(
+                f"{path}: cannot decompress ({type(err).__name__}: {err}); the file is truncated or "
+                "corrupt — re-download it"
+            ) from err
         if verify and md5_bytes(raw) != md5:
             raise CorruptDataError(
                 f"{path}: md5 of the decompressed bytes is {md5_bytes(raw)}, expected {md5}; "
@@ -124,6 +130,8 @@ def load_mnist(
     except DataNotFoundError as err:
         if not allow_download:
             raise
+        if not hub_reachable():
+            raise DataNotFoundError(f"{err}\n{offline_note()}") from None
         try:
             arrays = _download_hf()
             source = "huggingface:ylecun/mnist"

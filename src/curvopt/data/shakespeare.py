@@ -25,7 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from curvopt.data.common import CorruptDataError, DataNotFoundError, missing_data_message
+from curvopt.data.common import (
+    CorruptDataError,
+    DataNotFoundError,
+    hub_reachable,
+    missing_data_message,
+    offline_note,
+)
 from curvopt.training.algorithm import DataBundle
 
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -73,6 +79,8 @@ def read_text(data_dir: str | Path, allow_download: bool = True, verify: bool = 
     message = missing_data_message("Tiny Shakespeare", directory, ["tiny_shakespeare/input.txt"], HOW_TO_GET)
     if not allow_download:
         raise DataNotFoundError(message)
+    if not hub_reachable():
+        raise DataNotFoundError(f"{message}\n{offline_note()}")
     try:
         from datasets import load_dataset
 

@@ -12,7 +12,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -331,7 +331,13 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
         if tcfg.get("num_threads"):
             torch.set_num_threads(int(tcfg.num_threads))
         parts = _build_parts(cfg, dist, device, dtype)  # data, model, algorithm: fail before training
-        if dist.is_main:
+
+        def start_records() -> None:
+            """Called once everything is built, right before training: the first writes."""
+            nonlocal started
+            started = True
+            if not dist.is_main:
+                return
             if mode == "restart":
                 aside = move_records_aside(run_dir)
                 log.warning("trainer.restart=true: the old records of %s are in %s", run_dir.name, aside)
@@ -343,8 +349,8 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
             atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
             if mode != "resume":
                 save_command_line(run_dir, cli)
-        started = True
-        return _train_parts(cfg, dist, device, run_dir, loop_cfg, parts, resume=mode == "resume")
+
+        return _train_parts(cfg, dist, device, run_dir, loop_cfg, parts, mode == "resume", start_records)
     finally:
         lock.release()
         if not started and created is not None:
@@ -401,6 +407,7 @@ def _train_parts(
     loop_cfg: LoopConfig,
     parts: tuple[DataBundle, Objective, Algorithm, int | None],
     resume: bool,
+    start_records: Callable[[], None],
 ) -> dict[str, Any]:
     tcfg = cfg.trainer
     data, objective, algorithm, micro = parts
@@ -451,6 +458,7 @@ def _train_parts(
     )
     summary: dict[str, Any] = {"status": "failed"}
     try:
+        start_records()
         summary = trainer.run(resume=resume)
     finally:
         tracker.finish(exit_code=exit_code(summary))

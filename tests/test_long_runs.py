@@ -135,3 +135,63 @@ def test_driver_overrides_may_follow_the_seed_list(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("trainer.num_threads=1 trainer.clock=process") == 2
     assert "seed=0" in out and "seed=1" in out
+
+
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+stop = []
+signal.signal(signal.SIGINT, lambda s, f: stop.append(s))
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+Path(sys.argv[1], "started").write_text("")
+while not stop:
+    time.sleep(0.01)
+time.sleep(1.0)  # a step boundary and a checkpoint take a while
+Path(sys.argv[1], "checkpoint").write_text("")
+sys.exit(128 + stop[0])
+"""
+DRIVER = """
+import sys
+sys.path.insert(0, "src")
+from curvopt.runs import run_train
+run_train([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+"""
+
+
+@pytest.mark.parametrize("how", ["ctrl_c_to_the_group", "sigterm_to_the_driver"])
+def test_driver_waits_for_an_interrupted_run_to_checkpoint(tmp_path, how):
+    """subprocess.run SIGKILLs its child 0.25 s after a Ctrl-C: a run driven by make reproduce-*
+    never wrote its interrupt checkpoint. run_train waits (and passes a SIGTERM on)."""
+    import signal
+    import time
+
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, CHILD, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[1],
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        end = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert driver.poll() is None and time.monotonic() < end
+            time.sleep(0.01)
+        if how == "ctrl_c_to_the_group":
+            os.killpg(driver.pid, signal.SIGINT)
+            expected = 130
+        else:
+            driver.send_signal(signal.SIGTERM)
+            expected = 143
+        assert driver.wait(timeout=120) == expected
+        assert (tmp_path / "checkpoint").exists()
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+
+
+def test_driver_goes_on_after_a_diverged_run_and_stops_on_failure():
+    assert runs.run_train([sys.executable, "-c", "raise SystemExit(3)"]) == 3
+    with pytest.raises(subprocess.CalledProcessError):
+        runs.run_train([sys.executable, "-c", "raise SystemExit(1)"])
+    with pytest.raises(SystemExit) as stop:
+        runs.run_train([sys.executable, "-c", "raise SystemExit(130)"])
+    assert stop.value.code == 130

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from curvopt.errors import EXIT_COMPLETED, EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINAL_STATUSES = ("completed", "diverged")
@@ -77,8 +80,45 @@ def ensure_run(
     if not dry_run:
         env = dict(os.environ)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        subprocess.run(cmd, check=True, cwd=REPO_ROOT, env=env)
+        run_train(cmd, env)
     return action, run_dir
+
+
+def run_train(cmd: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Run one ``src/train.py`` command and return its exit code (docs/resume.md).
+
+    A diverged run (exit 3) is a result: the driver goes on. An interrupted one (130 / 143)
+    stops the driver with the same code; any other failure raises ``CalledProcessError``.
+
+    Ctrl-C reaches the run too (same process group): the driver then *waits* for it to finish its
+    step and write its checkpoint, where ``subprocess.run`` would SIGKILL it after 0.25 s. A
+    SIGTERM sent to the driver alone is passed on to the run, with the same wait.
+    """
+    proc = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        del frame
+        proc.send_signal(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, forward)
+    except ValueError:  # not the main thread: no handler
+        previous = None
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # the run got the same Ctrl-C: let it checkpoint
+                print("waiting for the run to stop at its step boundary and write its checkpoint", flush=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if code in (EXIT_SIGINT, EXIT_SIGTERM, -signal.SIGINT, -signal.SIGTERM):
+        raise SystemExit(code if code > 0 else 128 - code)
+    if code not in (EXIT_COMPLETED, EXIT_DIVERGED):
+        raise subprocess.CalledProcessError(code, list(cmd))
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> None:

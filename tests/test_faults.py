@@ -395,6 +395,9 @@ def test_exit_codes_tell_the_endings_apart():
         ("optimizer.lr=nan", r"optimizer.lr=nan: not a number"),
         ("optimizer.lr=inf", r"optimizer.lr=inf: must be a finite non-negative number"),
         ("optimizer.eps=-1e-8", r"optimizer=adam: Invalid epsilon value: -1e-08"),
+        ("seed=abc", r"seed='abc': expected a non-negative whole number"),
+        ("+dataset.colour=red", r"dataset=gaussian_classification: .*colour"),
+        ("model.sizes=[20,-3,5]", r"model \(curvopt.models.mlp.mlp\): "),
     ],
 )
 def test_bad_values_fail_before_anything_is_created(tmp_path, override, match):

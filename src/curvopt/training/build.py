@@ -277,6 +277,9 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
     without it every key that differs from the saved config counts as set (see
     :func:`curvopt.training.rundir.resume_config`)."""
     cfg = apply_optimizer_variant(cfg)
+    seed = cfg.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed={seed!r}: expected a non-negative whole number")
     check_trainer(cfg.trainer)
     check_optimizer_values(cfg.optimizer)
     tcfg = cfg.trainer
@@ -380,8 +383,18 @@ def _build_parts(
     cfg: DictConfig, dist: DistInfo, device: torch.device, dtype: torch.dtype
 ) -> tuple[DataBundle, Objective, Algorithm, int | None]:
     tcfg = cfg.trainer
-    data = build_data(cfg, dtype, device)  # fails before training if data are missing
-    model, loss = build_model(cfg, dtype, device)
+    try:
+        data = build_data(cfg, dtype, device)  # fails before training if data are missing
+    except (ValueError, TypeError) as err:
+        if isinstance(err, BadInputError):
+            raise
+        raise ConfigError(f"dataset={cfg.dataset.get('name')}: {err}") from err
+    try:
+        model, loss = build_model(cfg, dtype, device)
+    except (ValueError, TypeError, RuntimeError) as err:  # RuntimeError: torch on impossible shapes
+        if isinstance(err, BadInputError):
+            raise
+        raise ConfigError(f"model ({cfg.model.get('_target_')}): {err}") from err
     objective = Objective(model, loss)
     micro = tcfg.get("micro_batch_size")
     try:

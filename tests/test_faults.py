@@ -530,3 +530,13 @@ def test_train_py_exit_code_for_bad_input(tmp_path):
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
     assert "trainer.max_steps='abc'" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "t").exists() and time.perf_counter() - t0 < 300
+
+
+def test_runs_moved_aside_are_not_loaded_as_runs(tmp_path):
+    from curvopt.analysis.records import load_summaries
+
+    _run(tmp_path, ["optimizer=adam", "run_id=a", "trainer.max_steps=2"])
+    _run(tmp_path, ["optimizer=adam", "run_id=a", "trainer.max_steps=3", "trainer.restart=true"])
+    assert len(list((tmp_path / "t").glob("a.completed-*"))) == 1
+    sums = load_summaries(tmp_path, "t")
+    assert list(sums["run_id"]) == ["a"] and list(sums["steps"]) == [3]

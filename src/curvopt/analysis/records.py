@@ -10,6 +10,7 @@ import pandas as pd
 import yaml
 
 from curvopt.training.records import read_metrics
+from curvopt.training.rundir import is_set_aside
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -24,7 +25,8 @@ def run_dirs(results_dir: str | Path, experiment: str) -> list[Path]:
     root = Path(results_dir) / experiment
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists())
+    # runs moved aside (trainer.restart=true, drivers) are kept on disk but are not runs any more
+    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists() and not is_set_aside(p.name))
 
 
 def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:

@@ -19,6 +19,7 @@ else is refused with the difference printed, unless ``trainer.allow_config_chang
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -149,6 +150,15 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
         + ("continue it with trainer.resume=true, or " if resumable else "")
         + "start it again with trainer.restart=true (the old records are moved aside, not deleted)"
     )
+
+
+_ASIDE = re.compile(r"\.(completed|diverged|failed|interrupted|killed|running)-\d{8}-\d{6}(-\d+)?$")
+
+
+def is_set_aside(name: str) -> bool:
+    """Whether a directory name is an old run moved aside (``<run_id>.<status>-<time>``, by
+    ``trainer.restart=true`` or a driver): kept, but not a run of the experiment any more."""
+    return bool(_ASIDE.search(name))
 
 
 def move_records_aside(run_dir: Path) -> Path:

@@ -367,6 +367,8 @@ def test_exit_codes_tell_the_endings_apart():
     assert exit_code({"status": "failed"}) == EXIT_FAILED == 1
     assert exit_code({"status": "interrupted", "stop_reason": "sigint"}) == EXIT_SIGINT == 130
     assert exit_code({"status": "interrupted", "stop_reason": "sigterm"}) == EXIT_SIGTERM == 143
+    assert exit_code({"status": "interrupted", "stop_reason": "sigterm_forced"}) == EXIT_SIGTERM
+    assert exit_code({"status": "interrupted", "stop_reason": "keyboard_interrupt"}) == EXIT_SIGINT
     assert EXIT_BAD_INPUT == 2
 
 

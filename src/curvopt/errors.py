@@ -55,5 +55,5 @@ def exit_code(summary: dict[str, Any]) -> int:
     if status == "diverged":
         return EXIT_DIVERGED
     if status == "interrupted":
-        return EXIT_SIGTERM if summary.get("stop_reason") == "sigterm" else EXIT_SIGINT
+        return EXIT_SIGTERM if str(summary.get("stop_reason")).startswith("sigterm") else EXIT_SIGINT
     return EXIT_FAILED

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from curvopt.api import DataBundle
 from curvopt.data.common import DataNotFoundError, missing_data_message
-from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
 

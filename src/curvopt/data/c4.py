@@ -52,8 +52,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvopt.api import DataBundle
 from curvopt.data.common import CorruptDataError, DataNotFoundError, hub_reachable
-from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
 

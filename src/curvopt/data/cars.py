@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvopt.api import DataBundle
 from curvopt.data.common import DataNotFoundError, hub_reachable, missing_data_message, offline_note
-from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
 

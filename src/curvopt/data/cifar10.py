@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from curvopt.api import DataBundle
 from curvopt.data.common import (
     CorruptDataError,
     DataNotFoundError,
@@ -42,7 +43,6 @@ from curvopt.data.common import (
     missing_data_message,
     offline_note,
 )
-from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from curvopt.api import DataBundle
 from curvopt.data.common import (
     CorruptDataError,
     DataNotFoundError,
@@ -24,7 +25,6 @@ from curvopt.data.common import (
     offline_note,
     split_indices,
 )
-from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from curvopt.api import DataBundle
 from curvopt.data.common import (
     CorruptDataError,
     DataNotFoundError,
@@ -32,7 +33,6 @@ from curvopt.data.common import (
     missing_data_message,
     offline_note,
 )
-from curvopt.training.algorithm import DataBundle
 
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 NUM_CHARS = 128

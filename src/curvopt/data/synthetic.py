@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from curvopt.training.algorithm import DataBundle
+from curvopt.api import DataBundle
 
 
 def gaussian_classification(

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from curvopt.api import DataBundle
 from curvopt.data.common import CorruptDataError, DataNotFoundError, missing_data_message, split_indices
-from curvopt.training.algorithm import DataBundle
 
 log = logging.getLogger(__name__)
 

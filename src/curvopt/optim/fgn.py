@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.fgn_ops import (
     MARGIN_CLAMP,
     affine_gram,
@@ -47,7 +48,6 @@ from curvopt.curvature.fgn_ops import (
     row_space_cg,
 )
 from curvopt.objective import Objective
-from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
 
 IMPLEMENTATIONS = ("auto", "generic", "affine")
 

@@ -19,7 +19,7 @@ Two entry points:
   (schedulers and manual lr changes reach the base) and ``state``; ``state_dict`` round-trips
   both. Ready-made: :func:`fosi_heavy_ball`, :func:`fosi_adam`, :func:`fosi_gd`.
 * :func:`build_fosi` — the factory the training loop calls (``conf/optimizer/fosi_*.yaml``):
-  an :class:`~curvopt.training.algorithm.Algorithm` over an ``Objective`` with an ESE batch drawn
+  an :class:`~curvopt.api.Algorithm` over an ``Objective`` with an ESE batch drawn
   (seeded) from ``data.train``.
 
 Implementation choices that matter for speed (benchmarks/bench_fosi.py):
@@ -56,10 +56,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.hvp import HVP_MODES, flat_hvp, hvp_module, make_flat_hvp, named_subset
 from curvopt.curvature.lanczos import REORTH_MODES, LanczosError, LanczosResult, lanczos
 from curvopt.objective import Objective, mean_loss
-from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
 
 log = logging.getLogger(__name__)
 

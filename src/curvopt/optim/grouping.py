@@ -154,8 +154,8 @@ def build_grouped(
     """Loop factory (``_target_`` of ``conf/optimizer/{racs,alice,…}.yaml``): groups
     ``objective.model``'s parameters and builds the optimizer.
 
-    It returns the ``torch.optim.Optimizer``; ``curvopt.training.build.build_algorithm`` wraps it
-    in a ``TorchOptimizerAlgorithm`` together with the config's ``scheduler``, gradient
+    It returns the ``torch.optim.Optimizer``; the loop's ``build_algorithm`` wraps it in a
+    ``TorchOptimizerAlgorithm`` together with the config's ``scheduler``, gradient
     accumulation and DDP — the same path as a plain ``torch.optim`` target.
     """
     del data

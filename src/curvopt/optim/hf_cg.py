@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import grad, vmap
 
+from curvopt.api import Batch, DataBundle
 from curvopt.curvature.cg import MartensCGResult, martens_cg
 from curvopt.curvature.mlp_gn import MLPGaussNewton, mlp_layers
 from curvopt.objective import Objective, Params, flatten, output_hessian_vp, per_example_loss, unflatten
-from curvopt.training.algorithm import Batch, DataBundle
 
 log = logging.getLogger(__name__)
 

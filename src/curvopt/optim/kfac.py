@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.hvp import hvp_module
 from curvopt.objective import Objective, mean_loss
-from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
 
 ESTIMATIONS = ("fisher_gradients", "empirical")
 UNCOVERED = ("error", "diagonal")

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.cg import cg
 from curvopt.curvature.fgn_ops import (
     check_classification_batch,
@@ -39,7 +40,6 @@ from curvopt.curvature.fgn_ops import (
     true_vs_rest_margin,
 )
 from curvopt.objective import Objective, Params, flatten, unflatten
-from curvopt.training.algorithm import AlgorithmBase, Batch, DataBundle
 
 
 def softmax_ggn_output_product(probs: Tensor, u: Tensor) -> Tensor:

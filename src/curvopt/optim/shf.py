@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvopt.api import Batch, DataBundle
 from curvopt.curvature.lsmr import lsmr
 from curvopt.curvature.mlp_gn import GaussNewtonBase, residual_gauss_newton, supports_hand_written
 from curvopt.objective import Objective, Params, unflatten
-from curvopt.training.algorithm import Batch, DataBundle
 
 log = logging.getLogger(__name__)
 

@@ -1,92 +1,23 @@
-"""The one step protocol the training loop calls, and the adapter for ``torch.optim``.
+"""The ``torch.optim`` adapter the loop runs gradient transforms through.
 
-Four shapes of optimizer share the loop (see DESIGN.md):
-
-* gradient transforms (Adam, HB, RACS, Alice, GaLore, …) are ``torch.optim.Optimizer``
-  subclasses and are wrapped by :class:`TorchOptimizerAlgorithm`;
-* meta-optimizers (FOSI) and curvature solvers (SHF-LSMR, HF-CG, FGN, SGN) implement
-  :class:`Algorithm` directly, using the :class:`~curvopt.objective.Objective` for J·v, Jᵀ·u,
-  GGN·v and H·v;
-* data-selecting methods (SHF) also answer :meth:`Algorithm.next_batch_size`.
-
-An algorithm is built by a factory ``factory(objective=..., data=..., **cfg)`` (Hydra
-``_target_`` with ``_partial_: true``), where ``data`` is the :class:`DataBundle` of the run, so
-methods that need the validation set (SHF's merit) or the full training set (Martens' gradient)
-get it once, at construction.
+The contract types (:data:`Batch`, :class:`DataBundle`, the :class:`Algorithm` protocol and
+:class:`AlgorithmBase`) live in :mod:`curvopt.api`, a leaf module that methods and data loaders
+import; they are re-exported here so ``from curvopt.training.algorithm import ...`` keeps working.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from curvopt.api import Algorithm, AlgorithmBase, Batch, DataBundle
 from curvopt.objective import Objective
 
-Batch = tuple[Tensor, Tensor]
-
-
-@dataclass
-class DataBundle:
-    """In-memory splits of a dataset; ``None`` for a split the task does not have.
-
-    ``meta`` carries facts for figures and records (dataset name, whether it is a synthetic
-    stand-in, the source files).
-
-    ``train_stream`` replaces ``train`` for training sets too large for memory (C4 at paper
-    scale): an object with ``start(rank, world_size)``, ``next_batch(batch_size) -> (x, y)``
-    (this rank's share), ``epoch``, ``state_dict()`` and ``load_state_dict()`` (its position, for
-    resume). When it is set the loop draws from it instead of sampling ``train``.
-    """
-
-    train: Batch | None
-    val: Batch | None = None
-    test: Batch | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    train_stream: Any | None = None
-
-    @property
-    def num_train(self) -> int:
-        if self.train is None:
-            raise ValueError("this dataset streams its training data (train_stream); it has no num_train")
-        return int(self.train[0].shape[0])
-
-
-@runtime_checkable
-class Algorithm(Protocol):
-    """What the loop needs from an optimizer.
-
-    ``step`` performs one update on ``batch`` and returns method-specific scalars to log
-    (e.g. ``loss``, ``lr``, ``damping``, ``inner_iters``, ``stop_reason``). It must leave the
-    objective's model holding the new parameters.
-    """
-
-    def step(self, batch: Batch) -> dict[str, Any]: ...
-
-    def next_batch_size(self) -> int | None:
-        """Batch size the algorithm wants next; ``None`` means the configured one."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class AlgorithmBase:
-    """Convenience base: fixed batch size and no extra state."""
-
-    def next_batch_size(self) -> int | None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+__all__ = ["Algorithm", "AlgorithmBase", "Batch", "DataBundle", "TorchOptimizerAlgorithm"]
 
 
 class TorchOptimizerAlgorithm(AlgorithmBase):

@@ -124,8 +124,21 @@ def shf_table2(dataset: str) -> Callable[[Context], ItemResult]:
                 "seeds": t["seeds"],
             }
         )
-        quantitative = bool((t["gap_test_rel"].abs() <= tol["rel_tol"]).all())
+        within = bool((t["gap_test_rel"].abs() <= tol["rel_tol"]).all())
         qual, notes = _shf_claim(t, tol)
+        # "reproduced" needs the numbers within tolerance AND the paper's SHF-vs-Martens claim where
+        # both methods have finished runs (numbers within tolerance with the ordering reversed is a
+        # difference, and says so)
+        quantitative = within and qual is not False
+        if within and qual is False:
+            notes.append(
+                f"both methods' test errors are within {tol['rel_tol']:.0%} of the paper's, but the paper's "
+                "SHF-vs-Martens claim does not hold in our runs"
+            )
+        if not {"shf_lsmr", "hf_cg"} <= set(t["method"]):
+            notes.append(
+                "only one method has finished paper-profile runs: the SHF-vs-Martens claim is not checked yet"
+            )
         notes += [
             "Errors: E_sq = mean over examples of the summed squared pixel error, f = E_sq/2 (the paper's "
             "objective, mean ½‖x̂ − x‖²); the paper does not say which its 'error' is. Compared with the "

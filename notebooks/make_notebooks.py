@@ -239,7 +239,7 @@ FOSI = [
         "code",
         SETUP
         + """
-from curvopt.training.records import read_metrics
+from curvopt.analysis.records import read_run_metrics
 
 QDIR = RESULTS / "fosi_quadratics"
 
@@ -252,8 +252,8 @@ def quad(experiment):
     return s
 
 
-def curve(run_dir):
-    return np.array([float(r["f"]) for r in read_metrics(Path(run_dir) / "metrics.jsonl")])""",
+def curve(run_dir):  # the run's own metrics.jsonl, or its rows in the experiment's metrics.parquet
+    return read_run_metrics(run_dir)["f"].astype(float).to_numpy()""",
     ),
     (
         "md",

@@ -3,8 +3,9 @@
     python experiments/fosi_quadratics/figures.py all
     python experiments/fosi_quadratics/figures.py fig3 fig4 --results-dir results/fosi_quadratics
 
-Reads ``results/fosi_quadratics/<experiment>/<run>/{summary.json, metrics.jsonl}`` written by
-``run.py`` and writes PNGs to ``results/figures/fosi/``, plus ``quadratics_values.csv`` with the
+Reads the records ``run.py`` writes: ``results/fosi_quadratics/<experiment>/{runs.jsonl,
+metrics.parquet}`` (the packed layout, ``curvopt.analysis.pack``) or ``<experiment>/<run>/{summary.json,
+metrics.jsonl}``, and writes PNGs to ``results/figures/fosi/``, plus ``quadratics_values.csv`` with the
 numbers quoted in docs/fosi.md (f(θ₂₀₀) of every Fig. 3 curve; f at 0/200/250 for Fig. 4).
 Styles follow the paper: Adam blue, HB orange, GD red; base dashed, FOSI solid.
 """
@@ -25,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from curvopt.analysis.pack import packed_run_frame, read_packed_runs  # noqa: E402
 from curvopt.training.records import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,17 +63,25 @@ def load_summaries(results: Path, experiment: str) -> list[dict[str, Any]]:
         raise FileNotFoundError(
             f"no records at {folder}; run `python experiments/fosi_quadratics/run.py all` first"
         )
+    packed = {e["run_id"]: e for e in read_packed_runs(folder)}  # the packed layout wins
     out = []
-    for path in sorted(folder.glob("*/summary.json")):
-        summary = json.loads(path.read_text())
-        summary["_dir"] = path.parent
+    for run_id in sorted(packed.keys() | {p.parent.name for p in folder.glob("*/summary.json")}):
+        if run_id in packed:
+            summary = dict(packed[run_id]["summary"])
+            summary["_packed"] = packed[run_id]
+        else:
+            summary = json.loads((folder / run_id / "summary.json").read_text())
+        summary["_dir"] = folder / run_id
         out.append(summary)
     return out
 
 
 def curve(summary: dict[str, Any], column: str = "f") -> np.ndarray:
-    rows = read_metrics(summary["_dir"] / "metrics.jsonl")
-    return np.array([_num(r[column]) for r in rows], dtype=np.float64)
+    if "_packed" in summary:
+        values = packed_run_frame(summary["_dir"].parent, summary["_packed"])[column].tolist()
+    else:
+        values = [r[column] for r in read_metrics(summary["_dir"] / "metrics.jsonl")]
+    return np.array([_num(x) for x in values], dtype=np.float64)
 
 
 def _style(name: str) -> dict[str, Any]:

@@ -5,7 +5,10 @@
 
 Records go to ``results/fosi_quadratics/<experiment>/<run>/{config.yaml, metrics.jsonl,
 summary.json}`` through the loop's ``RunRecorder`` (one ``{"step": t, "f": f(θ_t)}`` row per
-iteration, t = 0..200 or 250). ``figures.py`` draws Figures 3, 4, 7, 8, 9 from these files only.
+iteration, t = 0..200 or 250); at the end each experiment is packed into
+``<experiment>/{metrics.parquet, runs.jsonl}`` (``curvopt.analysis.pack``; ``--no-pack`` keeps the
+run directories), so ~4,400 runs are two files each. ``figures.py`` draws Figures 3, 4, 7, 8, 9
+from these records only.
 By default (``--curves plotted``) the runs no figure draws as a curve (Q3 outside the four Fig. 8
 functions, all of Q4: Figs 7 and 9 use f(θ₂₀₀)) keep only the rows t = 0 and t = last, so the
 records stay small enough to commit; ``--curves all`` writes every iteration of every run.
@@ -40,6 +43,13 @@ import yaml  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quadratics as q  # noqa: E402
 
+from curvopt.analysis.pack import (  # noqa: E402
+    PACKED_METRICS,
+    PACKED_RUNS,
+    experiments_under,
+    loose_run_dirs,
+    pack_experiment,
+)
 from curvopt.training.records import RunRecorder, environment_info, git_commit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -398,6 +408,13 @@ def main(argv: list[str] | None = None) -> None:
         help="Q3/Q4 block rotation: legacy = the authors' scipy (< 1.16) special_ortho_group under numpy "
         "seed 1234 (default); scipy = the installed scipy's (a different matrix for the same seed)",
     )
+    parser.add_argument(
+        "--no-pack",
+        dest="pack",
+        action="store_false",
+        help="keep one directory per run instead of packing each experiment into metrics.parquet + "
+        "runs.jsonl at the end (curvopt.analysis.pack)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     chosen = EXPERIMENTS if "all" in args.experiments else tuple(dict.fromkeys(args.experiments))
@@ -406,6 +423,11 @@ def main(argv: list[str] | None = None) -> None:
         extra = {"rotation": args.rotation} if name in ("q3", "q4") else {}
         runs = RUNNERS[name](args.results_dir, args.curves, **extra)
         print(f"{name}: {runs} runs in {time.perf_counter() - t0:.1f} s -> {args.results_dir}", flush=True)
+    if args.pack:
+        for exp in experiments_under(args.results_dir):
+            if loose_run_dirs(exp):
+                res = pack_experiment(exp)
+                print(f"packed {exp}: {res.runs} runs -> {PACKED_METRICS} + {PACKED_RUNS}", flush=True)
 
 
 if __name__ == "__main__":

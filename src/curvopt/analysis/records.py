@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from curvopt.analysis.pack import loose_run_dirs, packed_run_frame, read_packed_runs
 from curvopt.training.records import read_metrics
-from curvopt.training.rundir import is_set_aside
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -22,27 +22,52 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 
 
 def run_dirs(results_dir: str | Path, experiment: str) -> list[Path]:
-    root = Path(results_dir) / experiment
-    if not root.is_dir():
-        return []
+    """The loose run directories of ``experiment`` (runs in a pack have none; see ``pack``)."""
     # runs moved aside (trainer.restart=true, drivers) are kept on disk but are not runs any more
-    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists() and not is_set_aside(p.name))
+    return loose_run_dirs(Path(results_dir) / experiment)
+
+
+def _runs(results_dir: str | Path, experiment: str) -> list[tuple[Path, dict[str, Any] | None]]:
+    """(run dir, packed entry or None) of every run, sorted by run_id: the packed runs
+    (``metrics.parquet`` + ``runs.jsonl``) first in preference, then loose runs not in the pack."""
+    root = Path(results_dir) / experiment
+    packed = {r["run_id"]: r for r in read_packed_runs(root)}
+    runs: dict[str, tuple[Path, dict[str, Any] | None]] = {rid: (root / rid, e) for rid, e in packed.items()}
+    for run in loose_run_dirs(root):
+        runs.setdefault(run.name, (run, None))
+    return [runs[k] for k in sorted(runs)]
+
+
+def read_run_metrics(run_dir: str | Path) -> pd.DataFrame:
+    """One run's metrics rows (``pd.DataFrame`` of its metrics.jsonl), from the pack of its
+    experiment when the run is packed."""
+    run_dir = Path(run_dir)
+    packed = {r["run_id"]: r for r in read_packed_runs(run_dir.parent)}
+    if run_dir.name in packed:
+        return packed_run_frame(run_dir.parent, packed[run_dir.name])
+    path = run_dir / "metrics.jsonl"
+    return pd.DataFrame(read_metrics(path) if path.exists() else [])
 
 
 def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:
     """One row per run: summary fields (flattened, e.g. ``best.metrics.test/E_sq``) plus the
-    resolved config flattened under ``cfg.`` (e.g. ``cfg.optimizer.lr``)."""
+    resolved config flattened under ``cfg.`` (e.g. ``cfg.optimizer.lr``). Reads the packed
+    layout (``runs.jsonl``) and loose run directories alike."""
     rows = []
-    for run in run_dirs(results_dir, experiment):
+    for run, entry in _runs(results_dir, experiment):
         row: dict[str, Any] = {"run_dir": str(run), "run_id": run.name}
-        summary_path = run / "summary.json"
-        if summary_path.exists():
-            _flatten("", json.loads(summary_path.read_text()), row)
+        if entry is not None:
+            summary, config = entry.get("summary"), entry.get("config")
+        else:
+            summary_path, config_path = run / "summary.json", run / "config.yaml"
+            summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+            config = yaml.safe_load(config_path.read_text()) if config_path.exists() else None
+        if summary is not None:
+            _flatten("", summary, row)
         else:
             row["status"] = "running_or_killed"
-        config_path = run / "config.yaml"
-        if config_path.exists():
-            _flatten("cfg", yaml.safe_load(config_path.read_text()), row)
+        if config is not None:
+            _flatten("cfg", config, row)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -55,14 +80,18 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
     default so figures can show them as such.
     """
     summaries = load_summaries(results_dir, experiment)
+    packed = {r["run_id"]: r for r in read_packed_runs(Path(results_dir) / experiment)}
     frames = []
     for _, s in summaries.iterrows():
         if status is not None and s.get("status") != status:
             continue
-        rows = read_metrics(Path(s["run_dir"]) / "metrics.jsonl")
-        if not rows:
+        run_dir = Path(s["run_dir"])
+        if s["run_id"] in packed:
+            frame = packed_run_frame(run_dir.parent, packed[s["run_id"]])
+        else:
+            frame = pd.DataFrame(read_metrics(run_dir / "metrics.jsonl"))
+        if frame.empty:
             continue
-        frame = pd.DataFrame(rows)
         for key, col in (
             ("run_id", "run_id"),
             ("optimizer", "cfg.optimizer.name"),

@@ -1,0 +1,341 @@
+"""Pack an experiment's run records into two files, so large sweeps stay small in git.
+
+    python -m curvopt.analysis.pack results/fosi_quadratics         # every experiment below it
+    python -m curvopt.analysis.pack results/fgn_fig2 --keep          # write the pack, keep the run dirs
+
+The loose layout is one directory per run, ``<exp>/<run_id>/{config.yaml, metrics.jsonl,
+summary.json}``. The packed layout of the same experiment is
+
+* ``<exp>/metrics.parquet``: every metrics row of every run, one column per logged key plus
+  ``run_id`` (first column), rows grouped by run in ``run_id`` order, zstd-compressed. Non-finite
+  numbers (written as the strings ``"nan"``/``"inf"`` in metrics.jsonl) are stored as float
+  NaN/±inf; a column mixing numbers with other strings, or holding lists/dicts, is stored as JSON
+  text and decoded on reading.
+* ``<exp>/runs.jsonl``: text, one line per run: ``run_id``, ``summary`` (summary.json),
+  ``config`` (config.yaml, parsed) and ``columns`` (the run's metrics keys in logged order).
+
+The readers (:func:`curvopt.analysis.records.load_runs`, ``load_summaries``,
+``read_run_metrics``) read both layouts and prefer the pack; a run directory not in the pack
+(a run added later) is still read from its own files, and packing again folds it in. Packing
+checks that the pack reads back equal to every run's files before it deletes them; runs without
+a summary (running or killed) and runs moved aside are left as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from curvopt.training.records import read_metrics
+from curvopt.training.rundir import is_set_aside
+
+PACKED_METRICS = "metrics.parquet"
+PACKED_RUNS = "runs.jsonl"
+RECORD_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
+JSON_COLUMNS_KEY = b"curvopt:json_columns"
+NONFINITE = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+}
+
+
+def is_packed(exp_dir: str | Path) -> bool:
+    return (Path(exp_dir) / PACKED_RUNS).exists()
+
+
+def loose_run_dirs(exp_dir: str | Path) -> list[Path]:
+    """Run directories with their own metrics.jsonl (not moved aside), sorted by name."""
+    root = Path(exp_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists() and not is_set_aside(p.name))
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=16)
+def _runs_cached(path: str, stamp: tuple[int, int]) -> tuple[dict[str, Any], ...]:
+    out = []
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                out.append(json.loads(line))
+    return tuple(out)
+
+
+def read_packed_runs(exp_dir: str | Path) -> list[dict[str, Any]]:
+    """The lines of ``runs.jsonl`` (``run_id``, ``summary``, ``config``, ``columns``); [] if unpacked."""
+    path = Path(exp_dir) / PACKED_RUNS
+    if not path.exists():
+        return []
+    return list(_runs_cached(str(path), _stamp(path)))
+
+
+@dataclass(frozen=True)
+class _Metrics:
+    table: pa.Table
+    json_columns: frozenset[str]
+    spans: dict[str, tuple[int, int]]  # run_id -> (first row, number of rows)
+
+
+@functools.lru_cache(maxsize=8)
+def _metrics_cached(path: str, stamp: tuple[int, int]) -> _Metrics:
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    json_columns = frozenset(json.loads(meta.get(JSON_COLUMNS_KEY, b"[]")))
+    ids = table.column("run_id").to_pylist()
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[start]:
+            spans[ids[start]] = (start, i - start)
+            start = i
+    return _Metrics(table, json_columns, spans)
+
+
+def _packed_metrics(exp_dir: Path) -> _Metrics | None:
+    path = exp_dir / PACKED_METRICS
+    if not path.exists():
+        return None
+    return _metrics_cached(str(path), _stamp(path))
+
+
+def packed_run_frame(exp_dir: str | Path, run: dict[str, Any] | str) -> pd.DataFrame:
+    """One packed run's metrics rows as ``pd.DataFrame(read_metrics(...))`` gives them for the
+    loose layout (its own columns in logged order; non-finite numbers as float NaN/±inf)."""
+    exp_dir = Path(exp_dir)
+    if isinstance(run, str):
+        (run,) = [r for r in read_packed_runs(exp_dir) if r["run_id"] == run] or [{"run_id": run}]
+    m = _packed_metrics(exp_dir)
+    if m is None or run["run_id"] not in m.spans:
+        return pd.DataFrame()
+    start, length = m.spans[run["run_id"]]
+    columns = [c for c in run.get("columns") or m.table.column_names if c != "run_id"]
+    frame = m.table.select(columns).slice(start, length).to_pandas()
+    for col in m.json_columns.intersection(columns):
+        frame[col] = [json.loads(v) if v is not None else None for v in frame[col]]
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------- packing
+def _column_array(values: list[Any]) -> tuple[pa.Array, bool]:
+    """(arrow array, stored as JSON text) for one column's values (None = not logged in that row)."""
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return pa.array(values, type=pa.bool_()), False
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        try:
+            return pa.array(values, type=pa.int64()), False
+        except (OverflowError, pa.ArrowInvalid):
+            pass
+    numeric = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in present]
+    if any(numeric) and all(n or (isinstance(v, str) and v in NONFINITE) for n, v in zip(numeric, present)):
+        return pa.array(
+            [None if v is None else float(NONFINITE.get(v, v)) for v in values], pa.float64()
+        ), False
+    if all(isinstance(v, str) for v in present):
+        return pa.array(values, type=pa.string()), False
+    return pa.array([None if v is None else json.dumps(v) for v in values], pa.string()), True
+
+
+def _yaml_load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.exists() else None
+
+
+def _json_load(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """A value from the run's files equals its packed value (non-finite strings are floats there)."""
+    if isinstance(a, str) and a in NONFINITE and isinstance(b, float):
+        a = NONFINITE[a]
+    if a is None:  # a logged null reads back as missing
+        return b is None or (isinstance(b, float) and math.isnan(b))
+    return _nan_equal(a, b)
+
+
+def _nan_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_nan_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_nan_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(b, str) and not isinstance(a, (str, int, float, bool, type(None), dict, list)):
+        return str(a) == b  # YAML dates and the like are stored as text
+    return a == b
+
+
+@dataclass
+class PackResult:
+    experiment: Path
+    runs: int
+    rows: int
+    removed_files: int
+    skipped: list[str]
+    bytes_before: int
+    bytes_after: int
+
+
+def pack_experiment(exp_dir: str | Path, remove: bool = True, compression: str = "zstd") -> PackResult:
+    """Fold the loose runs of ``exp_dir`` (and an existing pack) into ``metrics.parquet`` +
+    ``runs.jsonl``; check the pack against the files, then delete the packed runs' files (unless
+    ``remove=False``). A loose run with a run_id already in the pack replaces the packed one."""
+    exp_dir = Path(exp_dir)
+    runs: dict[str, dict[str, Any]] = {}
+    rows_of: dict[str, list[dict[str, Any]]] = {}
+    for old in read_packed_runs(exp_dir):
+        runs[old["run_id"]] = old
+        frame = packed_run_frame(exp_dir, old)
+        # a missing value and a logged NaN read the same (NaN), so both are stored as missing
+        rows_of[old["run_id"]] = [
+            {k: v for k, v in r.items() if not (v is None or (isinstance(v, float) and math.isnan(v)))}
+            for r in frame.to_dict("records")
+        ]
+    skipped, packed_dirs, bytes_before = [], [], 0
+    for run_dir in loose_run_dirs(exp_dir):
+        if not (run_dir / "summary.json").exists() or (run_dir / "run.lock").exists():
+            skipped.append(run_dir.name)  # running or killed: left for the run (or a rerun) to finish
+            continue
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        columns: list[str] = []
+        for r in rows:
+            columns += [k for k in r if k not in columns]
+        if "run_id" in columns:
+            raise ValueError(f"{run_dir}: a metrics key named run_id clashes with the pack's run_id column")
+        runs[run_dir.name] = {
+            "run_id": run_dir.name,
+            "columns": columns,
+            "summary": _json_load(run_dir / "summary.json"),
+            "config": _yaml_load(run_dir / "config.yaml"),
+        }
+        rows_of[run_dir.name] = rows
+        packed_dirs.append(run_dir)
+        bytes_before += sum((run_dir / f).stat().st_size for f in RECORD_FILES if (run_dir / f).exists())
+    if not runs:
+        return PackResult(exp_dir, 0, 0, 0, skipped, 0, 0)
+    order = sorted(runs)
+    all_columns: list[str] = []
+    for rid in order:
+        all_columns += [c for c in runs[rid]["columns"] if c not in all_columns]
+    ids, cols = [], {c: [] for c in all_columns}
+    for rid in order:
+        for r in rows_of[rid]:
+            ids.append(rid)
+            for c in all_columns:
+                cols[c].append(r.get(c))
+    arrays, json_columns = [pa.array(ids, pa.string())], []
+    for c in all_columns:
+        arr, as_json = _column_array(cols[c])
+        arrays.append(arr)
+        if as_json:
+            json_columns.append(c)
+    table = pa.Table.from_arrays(arrays, names=["run_id", *all_columns])
+    table = table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(json_columns).encode()})
+    tmp_metrics, tmp_runs = exp_dir / f".{PACKED_METRICS}.tmp", exp_dir / f".{PACKED_RUNS}.tmp"
+    pq.write_table(table, tmp_metrics, compression=compression, use_dictionary=["run_id"])
+    with tmp_runs.open("w") as fh:
+        for rid in order:
+            r = runs[rid]
+            line = {"run_id": rid, "columns": r["columns"], "summary": r["summary"], "config": r["config"]}
+            fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+    tmp_metrics.replace(exp_dir / PACKED_METRICS)
+    tmp_runs.replace(exp_dir / PACKED_RUNS)
+    _verify(exp_dir, packed_dirs)
+    removed = 0
+    if remove:
+        for run_dir in packed_dirs:
+            for f in RECORD_FILES:
+                if (run_dir / f).exists():
+                    (run_dir / f).unlink()
+                    removed += 1
+            if not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            elif {p.name for p in run_dir.iterdir()} <= {"wandb"}:  # mirrors are not records
+                shutil.rmtree(run_dir)
+    after = sum((exp_dir / f).stat().st_size for f in (PACKED_METRICS, PACKED_RUNS))
+    return PackResult(exp_dir, len(order), len(ids), removed, skipped, bytes_before, after)
+
+
+def _verify(exp_dir: Path, run_dirs: list[Path]) -> None:
+    """The pack reads back equal to each run's own files (values, columns, summary, config)."""
+    packed = {r["run_id"]: r for r in read_packed_runs(exp_dir)}
+    for run_dir in run_dirs:
+        entry = packed[run_dir.name]
+        if not _nan_equal(entry["summary"], _json_load(run_dir / "summary.json")):
+            raise AssertionError(f"{run_dir}: summary differs in the pack")
+        if not _nan_equal(entry["config"], _yaml_load(run_dir / "config.yaml")):
+            raise AssertionError(f"{run_dir}: config differs in the pack")
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        frame = packed_run_frame(exp_dir, entry)
+        if len(frame) != len(rows):
+            raise AssertionError(f"{run_dir}: {len(frame)} packed rows, {len(rows)} in metrics.jsonl")
+        for i, r in enumerate(rows):
+            for k, v in r.items():
+                got = frame[k].iloc[i]
+                got = got.item() if hasattr(got, "item") else got
+                if not _same(v, got):
+                    raise AssertionError(f"{run_dir} row {i} {k}: {v!r} in metrics.jsonl, {got!r} packed")
+
+
+def experiments_under(path: str | Path) -> list[Path]:
+    """``path`` itself if it holds runs (loose or packed), else its subdirectories that do."""
+    path = Path(path)
+    if is_packed(path) or loose_run_dirs(path):
+        return [path]
+    if not path.is_dir():
+        return []
+    return [p for p in sorted(path.iterdir()) if p.is_dir() and (is_packed(p) or loose_run_dirs(p))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m curvopt.analysis.pack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="an experiment directory, or a folder of them")
+    parser.add_argument("--keep", action="store_true", help="write the pack but keep the run directories")
+    parser.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "none"])
+    args = parser.parse_args(argv)
+    found = False
+    for path in args.paths:
+        for exp in experiments_under(path):
+            found = True
+            res = pack_experiment(exp, remove=not args.keep, compression=args.compression)
+            skipped = (
+                f"; left unpacked (no summary or locked): {', '.join(res.skipped)}" if res.skipped else ""
+            )
+            print(
+                f"{exp}: {res.runs} runs, {res.rows} rows -> {PACKED_METRICS} + {PACKED_RUNS} "
+                f"({res.bytes_after / 1e6:.2f} MB; the packed run files held {res.bytes_before / 1e6:.2f} MB), "
+                f"{res.removed_files} files removed{skipped}"
+            )
+    if not found:
+        print(f"no run records under {' '.join(map(str, args.paths))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,7 @@ BENCH_QUICK ?= 1
 
 .PHONY: report bench bench-table test-report
 
-report: ## results/REPORT.md + REPORT.html: every paper figure/table, paper vs ours, status per item
+report: ## results/REPORT.md + REPORT.html (untracked, built here): every paper figure/table, paper vs ours, status per item
 	$(PY) -m curvopt.report --results-dir results --tolerances experiments/report/tolerances.yaml $(REPORT_ARGS)
 
 bench: ## cross-paper step time / optimizer-state memory vs Adam (BENCH_QUICK=1: a few minutes on 2 cores)

@@ -346,7 +346,7 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
                 log.warning("trainer.restart=true: the old records of %s are in %s", run_dir.name, aside)
             if plan is not None:
                 for line in plan.extended:
-                    log.info("resume extends the run: %s", line)
+                    log.info("resume takes the new budget / checkpointing value: %s", line)
                 for line in plan.changed:
                     log.warning("resume changes the run's config (trainer.allow_config_change): %s", line)
             atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

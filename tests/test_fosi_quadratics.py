@@ -144,7 +144,7 @@ def test_problems_have_the_papers_spectra():
 
 def test_fig4_records_and_figure(tmp_path):
     figures, run = _load("figures"), _load("run")
-    run.main(["q2", "--results-dir", str(tmp_path / "res")])
+    run.main(["q2", "--results-dir", str(tmp_path / "res"), "--no-pack"])
     runs = figures.load_summaries(tmp_path / "res", "q2_fig4")
     assert {s["setting"]["optimizer"] for s in runs} == {"gd", "fosi_gd"}
     for s in runs:
@@ -162,6 +162,16 @@ def test_fig4_records_and_figure(tmp_path):
     assert {(v["optimizer"], v["iteration"]) for v in values} >= {("GD", 250), ("FOSI-GD", 0)}
     summary = json.loads((by["gd"]["_dir"] / "summary.json").read_text())
     assert math.isfinite(summary["f_final"])
+    # by default the driver packs each experiment: two files, read back the same
+    run.main(["q2", "--results-dir", str(tmp_path / "packed")])
+    assert sorted(p.name for p in (tmp_path / "packed" / "q2_fig4").iterdir()) == [
+        "metrics.parquet",
+        "runs.jsonl",
+    ]
+    packed = {s["setting"]["optimizer"]: s for s in figures.load_summaries(tmp_path / "packed", "q2_fig4")}
+    for name, s in by.items():
+        assert packed[name]["setting"] == s["setting"] and packed[name]["f_final"] == s["f_final"]
+        assert (figures.curve(packed[name]) == figures.curve(s)).all()
 
 
 def test_legacy_rotation_is_the_authors_scipy():

@@ -354,6 +354,7 @@ def _hb_fosi(model, x, y):
         k=3,
         ese_period=3,
         ese_warmup=1,
+        hvp_mode="reverse_over_reverse",  # no linearize tracing per ESE: seconds, not tens
     )
 
 

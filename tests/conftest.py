@@ -40,6 +40,18 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+# A tiny run (synthetic clusters, small MLP, no tracker) for tests of the loop and its records
+TINY_RUN = [
+    "dataset=synthetic_classification",
+    "model=tiny_mlp",
+    "logger=none",
+    "trainer.progress=false",
+    "trainer.batch_size=32",
+    "trainer.eval_every=5",
+    "trainer.deterministic=false",
+]
+
+
 def compose(overrides: list[str]):
     """Compose conf/config.yaml with overrides (no CLI, no working-dir change)."""
     from hydra import compose as hydra_compose

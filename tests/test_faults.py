@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose
+from conftest import TINY_RUN, compose
 
 from curvopt.errors import (
     EXIT_BAD_INPUT,
@@ -37,16 +37,7 @@ from curvopt.training.loop import Trainer, comparable_rows
 from curvopt.training.records import read_metrics
 from curvopt.training.rundir import CommandLine
 
-TINY = [
-    "dataset=synthetic_classification",
-    "model=tiny_mlp",
-    "logger=none",
-    "trainer.progress=false",
-    "trainer.batch_size=32",
-    "trainer.eval_every=5",
-    "trainer.deterministic=false",
-    "experiment_name=t",
-]
+TINY = [*TINY_RUN, "experiment_name=t"]
 GROUPS = ("dataset", "model", "optimizer", "trainer", "logger", "paths", "experiment")
 # tiny problems for each optimizer the resume guarantee covers
 PROBLEMS = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose
+from conftest import TINY_RUN, compose
 
 from curvopt.data.common import CorruptDataError, DataNotFoundError
 from curvopt.data.mnist import load_mnist, parse_idx
@@ -17,15 +17,7 @@ from curvopt.training.build import run_from_config
 from curvopt.training.loop import TIMING_FIELDS
 from curvopt.training.records import read_metrics
 
-TINY = [
-    "dataset=synthetic_classification",
-    "model=tiny_mlp",
-    "logger=none",
-    "trainer.progress=false",
-    "trainer.batch_size=32",
-    "trainer.eval_every=5",
-    "trainer.deterministic=false",
-]
+TINY = TINY_RUN
 
 
 def _run(tmp_path: Path, extra: list[str]) -> dict:

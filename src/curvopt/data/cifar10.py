@@ -43,6 +43,7 @@ from curvopt.data.common import (
     missing_data_message,
     offline_note,
 )
+from curvopt.data.pretrained import resolve_weights
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +207,6 @@ def load_cifar10(
     else with what to download and where to put it.
     """
     if backbone_weights is not None:
-        from curvopt.models.resnet_head import resolve_weights
-
         resolve_weights(backbone_weights, allow_download=allow_download)
     x_tr, y_tr, source = read_cifar10(data_dir, "train", cache_dir, allow_download, verify)
     x_te, y_te, _ = read_cifar10(data_dir, "test", cache_dir, allow_download, verify)

@@ -9,8 +9,9 @@ The ResNet-18 architecture is written out here with torchvision's parameter name
 state dict ``resnet18-f37072fd.pth`` loads without torchvision (which is optional: nothing here
 imports it). Weights are looked up, in order: the configured path (a file, or a folder holding
 it); torch's hub cache (``$TORCH_HOME/hub/checkpoints``), where torchvision stores them; a download
-through ``torch.hub`` when ``allow_download`` and online. Missing weights stop the run before
-training (the dataset loader checks first) with what to download and where to put it.
+through ``torch.hub`` when ``allow_download`` and online (:func:`curvopt.data.pretrained.resolve_weights`).
+Missing weights stop the run before training (the dataset loader checks first) with what to
+download and where to put it.
 
 BatchNorm (spec §7 L). Default ``backbone_bn='train'`` is the authors' behaviour: in training the
 frozen backbone normalises with batch statistics and updates its running averages (torch momentum
@@ -22,50 +23,27 @@ in ``forward`` so 50k×3×128×128 floats never exist.
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from curvopt.data.common import DataNotFoundError
+from curvopt.data.pretrained import HOW_TO_GET, WEIGHTS_FILE, WEIGHTS_URL, resolve_weights
 
-log = logging.getLogger(__name__)
-
-WEIGHTS_FILE = "resnet18-f37072fd.pth"
-WEIGHTS_URL = f"https://download.pytorch.org/models/{WEIGHTS_FILE}"
-HOW_TO_GET = (
-    f"download {WEIGHTS_URL} (torchvision's ResNet18_Weights.IMAGENET1K_V1) and put it at "
-    f"<data_dir>/resnet18/{WEIGHTS_FILE} (or set model.weights / dataset.backbone_weights to its path), "
-    "or into torch's hub cache (~/.cache/torch/hub/checkpoints/), e.g. by running once online "
-    "`python -c \"import torch; torch.hub.load_state_dict_from_url('" + WEIGHTS_URL + "')\"`."
-)
-
-
-def resolve_weights(path: str | None, allow_download: bool = False) -> Path:
-    """The pretrained state-dict file; raises :class:`DataNotFoundError` with instructions."""
-    candidates: list[Path] = []
-    if path:
-        p = Path(os.path.expanduser(str(path)))
-        candidates += [p / WEIGHTS_FILE, p] if p.suffix != ".pth" else [p]
-    candidates.append(Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE)
-    for c in candidates:
-        if c.is_file():
-            return c
-    if allow_download:
-        try:
-            torch.hub.load_state_dict_from_url(WEIGHTS_URL, progress=False, check_hash=True)
-            return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE
-        except Exception as err:  # offline
-            log.info("download of %s failed: %s", WEIGHTS_URL, err)
-    searched = "\n".join(f"  - {c}" for c in candidates)
-    raise DataNotFoundError(
-        f"ImageNet-pretrained ResNet-18 weights not found (needed by the FOSI transfer-learning task).\n"
-        f"Searched:\n{searched}\nHow to get them: {HOW_TO_GET}"
-    )
+# the weights lookup lives in curvopt.data.pretrained (the CIFAR-10 loader checks the file before
+# training and must not import this module); re-exported here, where it was defined before
+__all__ = [
+    "HOW_TO_GET",
+    "WEIGHTS_FILE",
+    "WEIGHTS_URL",
+    "BasicBlock",
+    "ResNet18Backbone",
+    "ResNetHead",
+    "resnet18_head",
+    "resolve_weights",
+]
 
 
 class BasicBlock(nn.Module):

@@ -4,7 +4,7 @@ Like ``algoperf/spec.py``, this module only defines types; it imports nothing fr
 so :mod:`curvopt.optim` and :mod:`curvopt.data` depend on it and never on
 :mod:`curvopt.training`.
 
-Four shapes of optimizer share the loop (see DESIGN.md):
+Four shapes of optimizer share the loop (README.md, "Use it in your own loop"):
 
 * gradient transforms (Adam, HB, RACS, Alice, GaLore, …) are ``torch.optim.Optimizer``
   subclasses; the loop wraps them in
@@ -71,21 +71,42 @@ class Algorithm(Protocol):
     ``step`` performs one update on ``batch`` and returns method-specific scalars to log
     (e.g. ``loss``, ``lr``, ``damping``, ``inner_iters``, ``stop_reason``). It must leave the
     objective's model holding the new parameters.
-
-    Args:
-        batch: (of :meth:`step`) the ``(x, y)`` batch to update on.
-        state: (of :meth:`load_state_dict`) a dict returned by :meth:`state_dict`.
     """
 
-    def step(self, batch: Batch) -> dict[str, Any]: ...
+    def step(self, batch: Batch) -> dict[str, Any]:
+        """Perform one update on ``batch``.
 
-    def next_batch_size(self) -> int | None:
-        """Batch size the algorithm wants next; ``None`` means the configured one."""
+        Args:
+            batch: The ``(x, y)`` batch to update on.
+
+        Returns:
+            Method-specific scalars to log (``loss``, ``lr``, ``damping``, ``inner_iters``, ...).
+        """
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def next_batch_size(self) -> int | None:
+        """Batch size the algorithm wants next.
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+        Returns:
+            The number of examples for the next :meth:`step`, or ``None`` for the configured one.
+        """
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint, so that a resumed run continues exactly.
+
+        Returns:
+            A dict of tensors and plain Python values accepted by :meth:`load_state_dict`.
+        """
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict`.
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
+        ...
 
 
 class AlgorithmBase:
@@ -97,10 +118,25 @@ class AlgorithmBase:
     """
 
     def next_batch_size(self) -> int | None:
+        """Ask for the configured batch size.
+
+        Returns:
+            Always ``None`` (the loop's configured batch size).
+        """
         return None
 
     def state_dict(self) -> dict[str, Any]:
+        """Return no state.
+
+        Returns:
+            An empty dict.
+        """
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Accept and ignore a state dict (there is no state to restore).
+
+        Args:
+            state: A dict returned by :meth:`state_dict` (ignored).
+        """
         del state

@@ -48,7 +48,17 @@ class NonFiniteError(FloatingPointError):
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """The process exit code for a run's summary (``status`` and ``stop_reason``)."""
+    """The process exit code for a run's summary.
+
+    Args:
+        summary: The run's ``summary.json`` as a dict; its ``status`` (``completed``,
+            ``diverged``, ``interrupted``, anything else = failed) and, for interrupted runs,
+            ``stop_reason`` (``sigterm...`` or a SIGINT reason) decide the code.
+
+    Returns:
+        One of :data:`EXIT_COMPLETED`, :data:`EXIT_DIVERGED`, :data:`EXIT_SIGTERM`,
+        :data:`EXIT_SIGINT` or :data:`EXIT_FAILED`.
+    """
     status = summary.get("status")
     if status == "completed":
         return EXIT_COMPLETED

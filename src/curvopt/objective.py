@@ -34,13 +34,31 @@ LOSS_KINDS: tuple[str, ...] = ("squared_error", "cross_entropy", "sigmoid_bce")
 
 
 def flatten(tensors: dict[str, Tensor] | list[Tensor]) -> Tensor:
-    """Concatenate a dict/list of tensors into one vector (dict order)."""
+    """Concatenate a dict or list of tensors into one flat vector.
+
+    Args:
+        tensors: Tensors of any shapes; a dict is read in its key order.
+
+    Returns:
+        A 1-D tensor holding every entry, tensor after tensor.
+    """
     values = tensors.values() if isinstance(tensors, dict) else tensors
     return torch.cat([t.reshape(-1) for t in values])
 
 
 def unflatten(vector: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Split a flat vector into tensors shaped like ``like`` (same key order)."""
+    """Split a flat vector into tensors shaped like ``like`` (the inverse of :func:`flatten`).
+
+    Args:
+        vector: A 1-D tensor with as many entries as all of ``like`` together.
+        like: Reference tensors; their key order and shapes define the split.
+
+    Returns:
+        A dict with the keys of ``like``, each value a view of ``vector`` of the reference shape.
+
+    Raises:
+        ValueError: If ``vector`` has a different number of entries.
+    """
     out, offset = {}, 0
     for name, ref in like.items():
         size = ref.numel()
@@ -52,7 +70,15 @@ def unflatten(vector: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def tree_dot(a: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
-    """Euclidean inner product of two parameter-shaped dicts."""
+    """Euclidean inner product of two parameter-shaped dicts.
+
+    Args:
+        a: A dict of tensors.
+        b: A dict with (at least) the keys of ``a`` and matching shapes.
+
+    Returns:
+        The scalar ``Σ_k ⟨a[k], b[k]⟩`` as a 0-d tensor.
+    """
     return sum((x * b[k]).sum() for k, x in a.items())
 
 
@@ -61,6 +87,19 @@ def per_example_loss(outputs: Tensor, targets: Tensor, kind: str, ignore_index: 
 
     For sequence cross-entropy (outputs ``(B, T, C)``) the result is per token, shape ``(B, T)``,
     with ignored positions set to zero.
+
+    Args:
+        outputs: Model outputs, example index first (logits for the two cross-entropies).
+        targets: Same shape as ``outputs`` for ``squared_error`` and ``sigmoid_bce``; class
+            indices of shape ``outputs.shape[:-1]`` for ``cross_entropy``.
+        kind: One of :data:`LOSS_KINDS`.
+        ignore_index: Cross-entropy target value that contributes no loss.
+
+    Returns:
+        The per-example (per-token for sequences) losses.
+
+    Raises:
+        ValueError: If ``kind`` is unknown.
     """
     if kind == "squared_error":
         diff = (outputs - targets).flatten(1)
@@ -79,7 +118,17 @@ def per_example_loss(outputs: Tensor, targets: Tensor, kind: str, ignore_index: 
 
 
 def mean_loss(outputs: Tensor, targets: Tensor, kind: str, ignore_index: int = -100) -> Tensor:
-    """Mean of the per-example loss; for cross-entropy, mean over non-ignored targets."""
+    """Mean of the per-example loss; for cross-entropy, mean over non-ignored targets.
+
+    Args:
+        outputs: Model outputs, as in :func:`per_example_loss`.
+        targets: Targets, as in :func:`per_example_loss`.
+        kind: One of :data:`LOSS_KINDS`.
+        ignore_index: Cross-entropy target value excluded from the mean.
+
+    Returns:
+        The scalar mean loss.
+    """
     if kind == "cross_entropy":
         return F.cross_entropy(
             outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), ignore_index=ignore_index
@@ -92,6 +141,18 @@ def output_hessian_vp(outputs: Tensor, u: Tensor, kind: str, targets: Tensor | N
 
     squared error: identity; cross-entropy: ``diag(p) − p pᵀ``; sigmoid BCE: ``diag(p(1−p))``.
     Ignored cross-entropy positions (``targets == -100``) contribute zero curvature.
+
+    Args:
+        outputs: Model outputs (logits for the cross-entropies) at which the Hessian is taken.
+        u: Output-shaped tangent.
+        kind: One of :data:`LOSS_KINDS`.
+        targets: Cross-entropy targets, only to zero the ignored positions; ``None`` keeps all.
+
+    Returns:
+        ``H_out u``, shaped like ``u``.
+
+    Raises:
+        ValueError: If ``kind`` is unknown.
     """
     if kind == "squared_error":
         return u
@@ -112,6 +173,16 @@ class Objective:
 
     The products take explicit ``params`` so callers can evaluate at trial points (line search,
     ρ) without touching the module; :meth:`params` returns the module's live parameters.
+    In every method ``params`` is a name → tensor dict of the model's trainable parameters
+    (as :meth:`params` returns) and ``x`` a batch of inputs.
+
+    Args:
+        model: The network; evaluated functionally with ``torch.func.functional_call``.
+        loss: The loss kind, one of :data:`LOSS_KINDS`.
+        ignore_index: Cross-entropy target value that contributes neither loss nor curvature.
+
+    Raises:
+        ValueError: If ``loss`` is not a known loss kind.
     """
 
     def __init__(self, model: nn.Module, loss: str, ignore_index: int = -100) -> None:
@@ -123,32 +194,82 @@ class Objective:
 
     # -- parameters -------------------------------------------------------------------------
     def params(self) -> Params:
-        """The trainable parameters as a detached name → tensor dict (shares storage)."""
+        """The trainable parameters as a detached name → tensor dict (shares storage).
+
+        Returns:
+            ``{name: parameter.detach()}`` for every parameter with ``requires_grad``.
+        """
         return {k: p.detach() for k, p in self.model.named_parameters() if p.requires_grad}
 
     def set_params(self, params: Params) -> None:
-        """Copy ``params`` into the module in place."""
+        """Copy ``params`` into the module in place.
+
+        Args:
+            params: Name → tensor dict; each named parameter of the model is overwritten.
+        """
         with torch.no_grad():
             named = dict(self.model.named_parameters())
             for k, v in params.items():
                 named[k].copy_(v)
 
     def num_params(self) -> int:
+        """Number of trainable scalars (the length of a flat parameter vector).
+
+        Returns:
+            The total number of entries of :meth:`params`.
+        """
         return sum(p.numel() for p in self.params().values())
 
     # -- evaluation ---------------------------------------------------------------------------
     def forward(self, params: Params, x: Tensor) -> Tensor:
+        """Model outputs at ``params`` (the module's own parameters are not used).
+
+        Args:
+            params: Parameters to evaluate at.
+            x: Input batch.
+
+        Returns:
+            The model's output for ``x``.
+        """
         return functional_call(self.model, params, (x,))
 
     def loss(self, params: Params, x: Tensor, y: Tensor) -> Tensor:
-        """Mean loss of the batch at ``params``."""
+        """Mean loss of the batch at ``params``.
+
+        Args:
+            params: Parameters to evaluate at.
+            x: Input batch.
+            y: Targets of the batch.
+
+        Returns:
+            The scalar mean loss (:func:`mean_loss`).
+        """
         return mean_loss(self.forward(params, x), y, self.loss_kind, self.ignore_index)
 
     def per_example_losses(self, params: Params, x: Tensor, y: Tensor) -> Tensor:
+        """Per-example losses of the batch at ``params``.
+
+        Args:
+            params: Parameters to evaluate at.
+            x: Input batch.
+            y: Targets of the batch.
+
+        Returns:
+            The losses of :func:`per_example_loss` (per token for sequence outputs).
+        """
         return per_example_loss(self.forward(params, x), y, self.loss_kind, self.ignore_index)
 
     def gradient(self, params: Params, x: Tensor, y: Tensor) -> tuple[Tensor, Params]:
-        """(mean loss, gradient dict) at ``params``."""
+        """Mean loss and its gradient at ``params``.
+
+        Args:
+            params: Parameters to evaluate at.
+            x: Input batch.
+            y: Targets of the batch.
+
+        Returns:
+            ``(loss, grads)``: the detached scalar mean loss and a name → gradient dict.
+        """
         value = {}
 
         def f(p: Params) -> Tensor:
@@ -161,11 +282,29 @@ class Objective:
 
     # -- Jacobian products ----------------------------------------------------------------------
     def jvp(self, params: Params, x: Tensor, v: Params) -> Tensor:
-        """``J v``: directional derivative of the outputs (shape of the model output)."""
+        """``J v``: directional derivative of the outputs.
+
+        Args:
+            params: Point of linearisation.
+            x: Input batch.
+            v: Parameter-shaped tangent dict.
+
+        Returns:
+            ``J v``, shaped like the model output.
+        """
         return jvp(lambda p: self.forward(p, x), (params,), (v,))[1]
 
     def vjp(self, params: Params, x: Tensor, u: Tensor) -> Params:
-        """``Jᵀ u`` for an output-shaped ``u``."""
+        """``Jᵀ u`` for an output-shaped ``u``.
+
+        Args:
+            params: Point of linearisation.
+            x: Input batch.
+            u: Output-shaped cotangent.
+
+        Returns:
+            ``Jᵀ u`` as a parameter-shaped dict.
+        """
         _, pullback = vjp(lambda p: self.forward(p, x), params)
         return pullback(u)[0]
 
@@ -177,6 +316,14 @@ class Objective:
         The VJP closure keeps the forward graph, so repeated ``Jᵀu`` cost one backward each;
         the JVP comes from ``torch.func.linearize`` (traced once per call of this method, which
         is once per outer iteration in the curvature solvers).
+
+        Args:
+            params: Point of linearisation.
+            x: Input batch.
+
+        Returns:
+            ``(outputs, jvp_fn, vjp_fn)``: the model outputs, ``v ↦ J v`` (parameter dict to
+            output-shaped tensor) and ``u ↦ Jᵀ u`` (output-shaped tensor to parameter dict).
         """
         f = lambda p: self.forward(p, x)  # noqa: E731
         outputs, pullback = vjp(f, params)
@@ -191,13 +338,35 @@ class Objective:
         return outputs, jvp_fn, vjp_fn
 
     def ggn_vp(self, params: Params, x: Tensor, y: Tensor, v: Params) -> Params:
-        """Gauss-Newton of the mean loss times ``v``: ``(1/n) Jᵀ H_out J v``."""
+        """Gauss-Newton of the mean loss times ``v``: ``(1/n) Jᵀ H_out J v``.
+
+        ``n`` is the number of examples (of non-ignored tokens for cross-entropy).
+
+        Args:
+            params: Point of linearisation.
+            x: Input batch.
+            y: Targets (they set ``n`` and mask ignored cross-entropy positions).
+            v: Parameter-shaped tangent dict.
+
+        Returns:
+            The product as a parameter-shaped dict.
+        """
         outputs, jv = jvp(lambda p: self.forward(p, x), (params,), (v,))
         hjv = output_hessian_vp(outputs.detach(), jv, self.loss_kind, y)
         return {k: t / self._normaliser(y) for k, t in self.vjp(params, x, hjv).items()}
 
     def hvp(self, params: Params, x: Tensor, y: Tensor, v: Params) -> Params:
-        """Hessian of the mean loss times ``v`` (forward-over-reverse)."""
+        """Hessian of the mean loss times ``v`` (forward-over-reverse).
+
+        Args:
+            params: Point at which the Hessian is taken.
+            x: Input batch.
+            y: Targets of the batch.
+            v: Parameter-shaped tangent dict.
+
+        Returns:
+            ``∇² L(params) v`` as a parameter-shaped dict.
+        """
         return jvp(grad(lambda p: self.loss(p, x, y)), (params,), (v,))[1]
 
     def _normaliser(self, y: Tensor) -> float:

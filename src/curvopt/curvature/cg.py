@@ -36,9 +36,13 @@ STOP_REASONS = ("converged", "maxiter", "negative_curvature", "breakdown")
 class CGResult:
     """Outcome of :func:`cg`.
 
-    ``residual_norms[i]`` is ``‖b − A x_i‖`` of the recursively updated residual after ``i``
-    iterations (``residual_norms[0]`` belongs to ``x0``); ``stop_reason`` is one of
-    :data:`STOP_REASONS`.
+    Attributes:
+        x: The final iterate (flat vector).
+        iterations: Number of completed CG iterations.
+        residual_norms: ``residual_norms[i]`` is ``‖b − A x_i‖`` of the recursively updated
+            residual after ``i`` iterations (``residual_norms[0]`` belongs to ``x0``).
+        stop_reason: One of :data:`STOP_REASONS`.
+        b_norm: ``‖b‖``, the scale of the relative residual.
     """
 
     x: Tensor
@@ -58,10 +62,15 @@ class CGResult:
 class MartensCGResult:
     """Outcome of :func:`martens_cg`.
 
-    ``phi[i]`` is ``φ(x_i) = ½ x_iᵀAx_i − bᵀx_i`` after ``i`` iterations (``phi[0]`` at ``x0``).
-    ``stored`` holds ``(i, x_i)`` for ``i = ceil(5·1.3^j)`` reached, plus the final iterate,
-    in increasing ``i`` — the candidates of CG-backtracking. ``x`` is the final iterate (the warm
-    start of the next solve in Martens' code).
+    Attributes:
+        x: The final iterate (the warm start of the next solve in Martens' code).
+        iterations: Number of completed CG iterations.
+        phi: ``phi[i]`` is ``φ(x_i) = ½ x_iᵀAx_i − bᵀx_i`` after ``i`` iterations (``phi[0]``
+            at ``x0``).
+        stored: ``(i, x_i)`` for every ``i = ceil(5·1.3^j)`` reached, plus the final iterate,
+            in increasing ``i`` — the candidates of CG-backtracking.
+        stop_reason: One of :data:`STOP_REASONS`.
+        residual_norms: ``‖b − A x_i‖`` of the recursively updated residual per iteration.
     """
 
     x: Tensor
@@ -73,6 +82,7 @@ class MartensCGResult:
 
     @property
     def stored_indices(self) -> list[int]:
+        """The iteration numbers ``i`` of :attr:`stored`, in increasing order."""
         return [i for i, _ in self.stored]
 
 
@@ -95,8 +105,11 @@ def _dot(a: Tensor, b: Tensor) -> float:
 
 
 def _native_dot(a: Tensor, b: Tensor) -> float:
-    """Inner product in the vectors' own dtype (one BLAS ``dot``, no float64 copies: ~7x cheaper
-    than :func:`_dot` on a 2M-vector on one CPU core; JAX/SciPy ``cg`` semantics)."""
+    """Inner product in the vectors' own dtype (JAX/SciPy ``cg`` semantics).
+
+    One BLAS ``dot``, no float64 copies: ~7x cheaper than :func:`_dot` on a 2M-vector on one CPU
+    core.
+    """
     return float(torch.dot(a.reshape(-1), b.reshape(-1)))
 
 
@@ -176,11 +189,31 @@ def cg(
     """Solve ``A x = b`` for SPD ``A`` given as ``matvec``, by preconditioned CG.
 
     Stops (``'converged'``) as soon as ``‖r_i‖ ≤ max(tol·‖b‖, atol)`` and ``i ≥ miniter``; the
-    residual is the recursively updated one (no extra product). ``maxiter`` defaults to the
-    dimension. ``callback(i, x_i, r_i)`` is called for every iterate including ``x_0``.
-    Negative curvature and breakdown return the last good iterate (see module docstring).
-    ``dot_dtype``: inner products accumulated in float64 (default) or, with ``None``, in the
-    vectors' own dtype (cheaper on large vectors; what JAX's and SciPy's ``cg`` do).
+    residual is the recursively updated one (no extra product). Negative curvature and
+    breakdown return the last good iterate (see module docstring).
+
+    Args:
+        matvec: ``v ↦ A v`` on flat vectors.
+        b: Right-hand side, a 1-D tensor.
+        x0: Starting point; ``None`` starts from 0 (and saves one product).
+        precond: ``M⁻¹`` as a callable ``r ↦ z``, or the (positive) diagonal of ``M`` as a
+            tensor, or ``None``.
+        tol: Relative residual tolerance.
+        maxiter: Iteration cap; defaults to the dimension ``b.numel()``.
+        miniter: Iterations to run before the tolerance test may stop the solve.
+        callback: Called as ``callback(i, x_i, r_i)`` for every iterate including ``x_0``.
+        atol: Absolute residual tolerance.
+        dot_dtype: Inner products accumulated in ``torch.float64`` (default) or, with ``None``,
+            in the vectors' own dtype (cheaper on large vectors; what JAX's and SciPy's ``cg``
+            do).
+
+    Returns:
+        A :class:`CGResult`.
+
+    Raises:
+        ValueError: If ``b`` is not 1-D, a tolerance or iteration count is negative, or
+            ``dot_dtype`` is neither ``torch.float64`` nor ``None``.
+        TypeError: If ``precond`` is of an unsupported type.
     """
     if dot_dtype not in (torch.float64, None):
         raise ValueError(f"dot_dtype must be torch.float64 or None, got {dot_dtype}")
@@ -202,8 +235,19 @@ def cg(
 
 
 def martens_store_indices(maxiter: int, start: float = 5.0, factor: float = 1.3) -> list[int]:
-    """The iterations ``ceil(5·1.3^j)`` ≤ ``maxiter`` at which Martens' CG stores its iterate
-    (5, 7, 9, 11, 15, 19, 25, …), computed by repeated multiplication as his code does."""
+    """The iterations at which Martens' CG stores its iterate.
+
+    These are ``ceil(5·1.3^j)`` ≤ ``maxiter`` (5, 7, 9, 11, 15, 19, 25, …), computed by repeated
+    multiplication as his code does.
+
+    Args:
+        maxiter: Largest iteration to include.
+        start: First (unrounded) storage point.
+        factor: Growth factor between storage points.
+
+    Returns:
+        The increasing list of iteration numbers.
+    """
     out, nxt = [], start
     while math.ceil(nxt) <= maxiter:
         out.append(math.ceil(nxt))
@@ -220,6 +264,16 @@ def martens_progress_stop(
     ``(φ_i − φ_{i−k}) / φ_i < k·tol`` — i.e. the average per-iteration relative decrease of the
     quadratic over the last ``k`` iterations fell below ``tol``. (φ_i < φ_{i−k} < 0, so the ratio
     is positive and small once progress stalls.)
+
+    Args:
+        phi: Values ``φ(x_0), …, φ(x_i)``.
+        i: Current iteration.
+        gap_ratio: Look-back window as a fraction of ``i``.
+        min_gap: Smallest look-back window ``k``.
+        tol: Per-iteration relative-progress tolerance.
+
+    Returns:
+        ``True`` when the solve should stop.
     """
     k = max(min_gap, math.ceil(gap_ratio * i))
     if i <= k:
@@ -249,6 +303,25 @@ def martens_cg(
     The solve stops after iteration ``i ≥ miniter`` when :func:`martens_progress_stop` fires, after
     ``maxiter`` iterations, or on non-positive curvature (keeping ``x_{i−1}``). The caller does the
     warm start (Martens: ``x0 = 0.95·`` previous final iterate).
+
+    Args:
+        matvec: ``v ↦ A v`` on flat vectors (the damped Gauss-Newton product).
+        b: Right-hand side, a 1-D tensor (minus the gradient).
+        x0: Starting point; ``None`` starts from 0.
+        precond: As in :func:`cg` (Martens passes the diagonal of ``M``).
+        maxiter: Iteration cap (Martens: 250).
+        miniter: Iterations before the progress test may stop the solve.
+        progress_tol: ``tol`` of :func:`martens_progress_stop` (Martens: 5e-4).
+        gap_ratio: Look-back window as a fraction of ``i`` (Martens: 0.1).
+        min_gap: Smallest look-back window (Martens: 10).
+        store_start: First storage point of :func:`martens_store_indices`.
+        store_factor: Growth factor of the storage points.
+
+    Returns:
+        A :class:`MartensCGResult`.
+
+    Raises:
+        ValueError: If ``b`` is not 1-D or ``maxiter < 1`` or ``miniter < 0``.
     """
     if b.dim() != 1:
         raise ValueError(f"martens_cg works on flat vectors; got b of shape {tuple(b.shape)}")

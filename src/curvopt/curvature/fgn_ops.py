@@ -38,9 +38,18 @@ MARGIN_CLAMP = 80.0
 
 # -- input checks ----------------------------------------------------------------------------------
 def check_classification_batch(logits: Tensor, y: Tensor) -> None:
-    """Raise a clear ``ValueError`` before any update when the batch cannot define a margin.
+    """Raise a clear error before any update when the batch cannot define a margin.
 
     One host synchronisation for all checks (labels in ``[0, C)``, finite logits).
+
+    Args:
+        logits: Model outputs, shape ``(b, C)``.
+        y: Integer class labels, shape ``(b,)``.
+
+    Raises:
+        ValueError: If the logits are not 2-D, ``C < 2``, the labels are not integer, have the
+            wrong shape, are empty or lie outside ``[0, C)``.
+        FloatingPointError: If a logit is NaN or infinite.
     """
     if logits.dim() != 2:
         raise ValueError(
@@ -77,8 +86,18 @@ def check_classification_batch(logits: Tensor, y: Tensor) -> None:
 
 # -- the margin map ----------------------------------------------------------------------------------
 def true_class_mask(logits: Tensor, y: Tensor) -> Tensor:
-    """Boolean ``(b, C)`` mask of the true classes (an ``arange`` comparison: traceable, unlike
-    ``F.one_hot``, which checks label values on the host)."""
+    """Boolean ``(b, C)`` mask of the true classes.
+
+    An ``arange`` comparison: traceable, unlike ``F.one_hot``, which checks label values on the
+    host.
+
+    Args:
+        logits: ``(b, C)`` logits (only their shape and device are used).
+        y: ``(b,)`` integer labels.
+
+    Returns:
+        The ``(b, C)`` mask, ``True`` at ``(i, y_i)``.
+    """
     return torch.arange(logits.shape[1], device=logits.device) == y[:, None]
 
 
@@ -86,7 +105,15 @@ def true_vs_rest_margin(logits: Tensor, y: Tensor) -> Tensor:
     """``s_i = logsumexp_{j≠y_i} z_ij − z_{i,y_i}`` (paper 2.3), differentiable in ``logits``.
 
     The true class is masked to −inf, so the competitor softmax in the backward pass gives it
-    weight exactly 0 (no nan: its tangent/cotangent is also 0)."""
+    weight exactly 0 (no nan: its tangent/cotangent is also 0).
+
+    Args:
+        logits: ``(b, C)`` logits z.
+        y: ``(b,)`` integer labels.
+
+    Returns:
+        The ``(b,)`` margins s.
+    """
     mask = true_class_mask(logits, y)
     competitors = logits.masked_fill(mask, float("-inf"))
     true = logits.gather(1, y[:, None]).squeeze(1)
@@ -97,18 +124,34 @@ def competitor_distribution(logits: Tensor, y: Tensor) -> Tensor:
     """``ρ_full``: softmax over the competitors scattered back to length C (0 at the true class).
 
     Computed as a softmax of the masked logits, not as ``p_j / p_†`` (paper 2.6; stable when
-    ``p_†`` underflows)."""
+    ``p_†`` underflows).
+
+    Args:
+        logits: ``(b, C)`` logits.
+        y: ``(b,)`` integer labels.
+
+    Returns:
+        The ``(b, C)`` competitor distribution ρ_full.
+    """
     return torch.softmax(logits.masked_fill(true_class_mask(logits, y), float("-inf")), dim=1)
 
 
 def margin_logit_gradient(logits: Tensor, y: Tensor) -> Tensor:
-    """``a_i = ∇_z s_i = ρ_full,i − e_{y_i}`` (paper 2.7), shape ``(b, C)``."""
+    """Logit-space gradient of the margin, ``a_i = ∇_z s_i = ρ_full,i − e_{y_i}`` (paper 2.7).
+
+    Args:
+        logits: ``(b, C)`` logits.
+        y: ``(b,)`` integer labels.
+
+    Returns:
+        ``a``, shape ``(b, C)``.
+    """
     rho = competitor_distribution(logits, y)
     return rho - true_class_mask(logits, y).to(rho.dtype)
 
 
 def margin_terms(logits: Tensor, y: Tensor, inplace: bool = False) -> tuple[Tensor, Tensor]:
-    """``(s, a)`` in few passes over the logits: margins and ``a = ∇_z s = ρ_full − e_y``.
+    """Margins ``s`` and ``a = ∇_z s = ρ_full − e_y`` in few passes over the logits.
 
     The true class is knocked out with a ``scatter`` of −inf (b entries, no b×C mask). The
     competitor softmax is one in-place pass sequence over the b×C buffer: row max ``m``,
@@ -120,6 +163,14 @@ def margin_terms(logits: Tensor, y: Tensor, inplace: bool = False) -> tuple[Tens
     ``inplace=True`` the logits tensor itself becomes ``a`` (the closed-form step owns its logits);
     otherwise it is left untouched. Needs finite logits and ``C ≥ 2`` (every row has a finite
     competitor), which :func:`check_classification_batch` ensures.
+
+    Args:
+        logits: ``(b, C)`` finite logits.
+        y: ``(b,)`` integer labels.
+        inplace: Overwrite ``logits`` with ``a`` instead of allocating a copy.
+
+    Returns:
+        ``(s, a)``: the ``(b,)`` margins and the ``(b, C)`` gradients.
     """
     index = y[:, None]
     true = logits.gather(1, index).squeeze(1)
@@ -135,13 +186,29 @@ def margin_terms(logits: Tensor, y: Tensor, inplace: bool = False) -> tuple[Tens
 
 
 def dispersion_from_gradient(a: Tensor) -> Tensor:
-    """``ξ = 1 − ‖ρ‖² = 2 − ‖a‖²`` for ``a = ρ − e_y``."""
+    """Dispersion ``ξ = 1 − ‖ρ‖² = 2 − ‖a‖²`` from the margin gradient ``a = ρ − e_y``.
+
+    Args:
+        a: ``(..., C)`` margin gradients.
+
+    Returns:
+        ξ, shape ``a.shape[:-1]``.
+    """
     return 2.0 - torch.linalg.vector_norm(a, dim=-1).square()
 
 
 def dispersion(rho: Tensor) -> Tensor:
-    """``ξ_i = 1 − ‖ρ_i‖²`` (paper 3.6): 0 for one-hot ρ, at most ``1 − 1/(C−1)``; ``p_† ξ`` is the
-    trace of the logit-space curvature FGN drops."""
+    """Dispersion ``ξ_i = 1 − ‖ρ_i‖²`` of the competitor distribution (paper 3.6).
+
+    0 for one-hot ρ, at most ``1 − 1/(C−1)``; ``p_† ξ`` is the trace of the logit-space
+    curvature FGN drops.
+
+    Args:
+        rho: ``(..., C)`` competitor distributions.
+
+    Returns:
+        ξ, shape ``rho.shape[:-1]``.
+    """
     return 1.0 - (rho * rho).sum(dim=-1)
 
 
@@ -149,7 +216,15 @@ def fgn_weights(s: Tensor, clamp: float = MARGIN_CLAMP) -> tuple[Tensor, Tensor]
     """``(√q, r̃)`` with ``q = p_* p_† = φ''(s)`` and ``r̃ = √(p_†/p_*) = e^{s/2}`` (paper 4.5).
 
     ``√q = exp(−½(softplus(s) + softplus(−s)))`` uses ``−log p_* = softplus(s)`` and
-    ``−log p_† = softplus(−s)``, so it neither underflows to 0/0 nor needs ``p``."""
+    ``−log p_† = softplus(−s)``, so it neither underflows to 0/0 nor needs ``p``.
+
+    Args:
+        s: Margins, any shape.
+        clamp: Margins are clamped to ``±clamp`` first (:data:`MARGIN_CLAMP`).
+
+    Returns:
+        ``(√q, r̃)``, each shaped like ``s``.
+    """
     sc = s.clamp(-clamp, clamp)
     sqrt_q = torch.exp(-0.5 * (F.softplus(sc) + F.softplus(-sc)))
     r_tilde = torch.exp(0.5 * sc)
@@ -171,6 +246,16 @@ def affine_gram(
     multiplied, each combined (``+1``, ``∘``, ``√q`` scaling) while it is small and mirrored into
     the lower triangle. 4 blocks do 62.5 % of the multiply-adds, which pays on CPUs; on GPUs the
     extra small kernels usually do not (keep 1).
+
+    Args:
+        h: ``(b, D)`` head inputs (features).
+        a: ``(b, C)`` margin gradients (:func:`margin_terms`).
+        sqrt_q: ``(b,)`` curvature weights √q, or ``None`` for the unwhitened ``J Jᵀ``.
+        bias: Whether the head has a bias (the ``+1``).
+        blocks: Number of row blocks for the symmetric product.
+
+    Returns:
+        The ``(b, b)`` Gram matrix.
     """
     b = h.shape[0]
     if blocks <= 1 or b < 2 * blocks:
@@ -220,8 +305,16 @@ def row_space_cg(
     ``‖r_k‖ > tol·‖rhs‖`` (``atol = 0``). A non-positive ``pᵀBp`` (breakdown from round-off on
     a nearly singular system) ends the solve without using that direction.
 
-    Returns ``(u, info)`` with tensors ``iters`` (int), ``rel_residual`` (``‖r‖/‖rhs‖`` of the
-    recursively updated residual) and ``breakdown`` (bool).
+    Args:
+        matvec: ``u ↦ B u`` on b-vectors.
+        rhs: The right-hand side r̃, shape ``(b,)``.
+        tol: Relative residual tolerance.
+        maxiter: Number of iterations (the paper's default 5).
+        early_exit: Stop the Python loop once no iteration is active (see above).
+
+    Returns:
+        ``(u, info)`` with ``info`` holding tensors ``iters`` (int), ``rel_residual``
+        (``‖r‖/‖rhs‖`` of the recursively updated residual) and ``breakdown`` (bool).
     """
     x = torch.zeros_like(rhs)
     r = rhs.clone()
@@ -254,8 +347,16 @@ def row_space_cg(
 
 
 def log_breakdown(method: str, step: int, info: dict[str, Any]) -> None:
-    """Log a CG breakdown once per occurrence (the step itself is still taken with the iterate
-    reached before the breakdown, which is a descent direction)."""
+    """Log a CG breakdown once per occurrence.
+
+    The step itself is still taken with the iterate reached before the breakdown, which is a
+    descent direction.
+
+    Args:
+        method: Method name for the message (``"FGN"``, ``"SGN"``).
+        step: Outer step number.
+        info: The ``info`` dict of :func:`row_space_cg` (its ``iters`` is logged).
+    """
     log.warning(
         "%s step %d: CG breakdown (non-positive curvature p^T B p from round-off) after %d iterations; "
         "the solve was ended there",
@@ -281,6 +382,17 @@ def linear_maps(
     We use it instead of ``torch.func.linearize`` (which re-traces the forward with ``make_fx``
     on every outer step: ~1 s per step for a 2048×1024 head on 2 CPU cores) and of
     ``torch.func.jvp`` (which recomputes the primal each call).
+
+    Args:
+        fn: Maps a name → tensor dict to an output tensor (and an auxiliary value with
+            ``has_aux``).
+        params: The point of linearisation.
+        has_aux: ``fn`` returns ``(out, aux)``.
+
+    Returns:
+        ``(out, vjp_fn, jvp_fn, aux)``: the output, ``u ↦ Jᵀu`` (to a parameter dict),
+        ``v ↦ J v`` (from a parameter dict) and the auxiliary value (``None`` without
+        ``has_aux``).
     """
     if has_aux:
         out, pullback, aux = vjp(fn, params, has_aux=True)

@@ -47,9 +47,18 @@ _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropou
 
 
 def hvp_module(model: nn.Module) -> nn.Module:
-    """The module to differentiate for Hessian products: ``model`` itself when it has no
-    BatchNorm or dropout, else a copy with batch-statistics BatchNorm (no running stats) and
-    dropout off. Parameters are always passed explicitly, so the copy's own values are unused."""
+    """The module to differentiate for Hessian products.
+
+    ``model`` itself when it has no BatchNorm or dropout, else a copy with batch-statistics
+    BatchNorm (no running stats) and dropout off. Parameters are always passed explicitly, so
+    the copy's own values are unused.
+
+    Args:
+        model: The live network (left untouched).
+
+    Returns:
+        ``model`` or a deep copy of it prepared as above.
+    """
     mods = list(model.modules())
     if not any(isinstance(m, _BN + _DROPOUT) for m in mods):
         return model
@@ -69,8 +78,10 @@ def flat_hvp(
     mode: str = "forward_over_reverse",
     reuse: bool = True,
 ) -> Callable[[Tensor], Tensor]:
-    """``v ↦ ∇²L(θ)·v`` for a functional loss ``L = loss_of(params_dict)`` at ``θ = params``,
-    with ``v`` and the result flat vectors in the dict's order.
+    """Hessian-vector product ``v ↦ ∇²L(θ)·v`` of a functional loss on flat vectors.
+
+    ``L = loss_of(params_dict)`` is differentiated at ``θ = params``; ``v`` and the result are
+    flat vectors in the dict's order.
 
     ``reuse=True`` (for Lanczos: many products at one point) does the primal work once: the
     forward-over-reverse product is linearised (``torch.func.linearize`` of ``grad(L)``: each call
@@ -81,6 +92,20 @@ def flat_hvp(
     parameter values at creation. ``reuse=False`` re-evaluates at the current values of
     ``params`` on each call. If linearisation fails (an op torch.fx cannot trace), the plain
     per-call ``jvp(grad(L))`` is used.
+
+    Args:
+        loss_of: Maps a name → tensor dict to the scalar loss.
+        params: The point θ (name → tensor dict; also fixes the flat order).
+        mode: ``"forward_over_reverse"`` (``jvp(grad(L))``) or ``"reverse_over_reverse"``
+            (double backward); see :data:`HVP_MODES`.
+        reuse: Do the primal work once at creation (see above).
+
+    Returns:
+        A function mapping a flat vector of ``Σ numel(params)`` entries to ``∇²L(θ) v``.
+
+    Raises:
+        ValueError: If ``mode`` is unknown (and, from the returned function, if a vector has
+            the wrong number of entries).
     """
     if mode not in HVP_MODES:
         raise ValueError(f"hvp mode must be one of {HVP_MODES}, got {mode!r}")
@@ -147,9 +172,20 @@ def make_flat_hvp(
     mode: str = "forward_over_reverse",
     reuse: bool = True,
 ) -> Callable[[Tensor], Tensor]:
-    """``v ↦ ∇²_θ loss_fn(model(x; θ), y) · v`` at ``θ = params`` (a name → tensor dict in the
-    flat order; parameters of ``model`` not in it are held fixed). ``model`` should come from
-    :func:`hvp_module`; ``mode`` and ``reuse`` as in :func:`flat_hvp`."""
+    """Flat Hessian-vector product ``v ↦ ∇²_θ loss_fn(model(x; θ), y) · v`` on one batch.
+
+    Args:
+        model: The module to differentiate, preferably from :func:`hvp_module`.
+        loss_fn: ``loss_fn(outputs, targets)`` returning a scalar.
+        params: θ as a name → tensor dict in the flat order; parameters of ``model`` not in
+            it are held fixed.
+        batch: The fixed ``(x, y)`` batch.
+        mode: As in :func:`flat_hvp`.
+        reuse: As in :func:`flat_hvp`.
+
+    Returns:
+        The product as a function of a flat vector.
+    """
     x, y = batch
 
     def loss_of(p: dict[str, Tensor]) -> Tensor:
@@ -159,8 +195,20 @@ def make_flat_hvp(
 
 
 def named_subset(model: nn.Module, tensors: Sequence[Tensor]) -> dict[str, Tensor]:
-    """Names of ``tensors`` (parameters of ``model``) in the given order; raises if one is not a
-    parameter of the model (FOSI needs the loss as a function of exactly those tensors)."""
+    """Name the given parameters of ``model``, in the given order.
+
+    FOSI needs the loss as a function of exactly the tensors it optimises.
+
+    Args:
+        model: The module owning the tensors.
+        tensors: Parameters of ``model`` (identity, not value, is matched).
+
+    Returns:
+        A name → tensor dict in the order of ``tensors``.
+
+    Raises:
+        ValueError: If a tensor is not a parameter of ``model``.
+    """
     by_id = {id(p): name for name, p in model.named_parameters()}
     out: dict[str, Tensor] = {}
     for t in tensors:

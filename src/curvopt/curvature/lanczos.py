@@ -4,7 +4,8 @@ FOSI's Extreme Spectrum Estimation (ESE, FOSI paper Algorithm 1) needs the k lar
 smallest eigenpairs of a Hessian that is only available as a matrix-vector product. This module
 does that for any callable ``matvec(v) -> A v``; it knows nothing about networks.
 
-Numerics follow the FOSI authors' Lanczos (spec fosi.md §2.2), with these deliberate changes:
+Numerics follow the FOSI authors' Lanczos (docs/fosi.md, "[DECIDE] choices and deviations from
+the authors' code"), with these deliberate changes:
 
 * **float64 basis, operator in its own dtype.** All Lanczos arithmetic (basis ``Q``, α, β, the
   tridiagonal ``T``, its eigendecomposition and the Ritz vectors) is float64; each basis vector
@@ -86,13 +87,23 @@ class NonSymmetricOperatorError(LanczosError):
 class LanczosResult:
     """Extreme Ritz pairs of one Lanczos run.
 
-    ``eigenvalues`` (k+ℓ,) and ``eigenvectors`` (k+ℓ, n) are float64 and ordered as in the FOSI
-    code: the ℓ smallest ascending, then the k largest ascending, so ``eigenvalues[-1]`` is λ̂₁ and
-    ``eigenvalues[l]`` is λ̂_k. ``ritz_values`` holds all m Ritz values (ascending), from which
-    ``ritz_values[0]`` estimates λ_n even when ℓ = 0. ``residual_bounds`` are the classical
-    estimates β_m |s_{m,j}| of ‖A v̂_j − λ̂_j v̂_j‖ for the returned pairs (β_m from the three-term
-    recurrence of the last iteration). ``reorth_passes`` counts Gram-Schmidt passes against the
-    basis (each reads the i + 1 rows built so far twice).
+    Attributes:
+        eigenvalues: ``(k+ℓ,)`` float64, ordered as in the FOSI code: the ℓ smallest ascending,
+            then the k largest ascending, so ``eigenvalues[-1]`` is λ̂₁ and ``eigenvalues[l]``
+            is λ̂_k.
+        eigenvectors: ``(k+ℓ, n)`` float64 Ritz vectors (rows), in the same order.
+        ritz_values: All m Ritz values (ascending); ``ritz_values[0]`` estimates λ_n even when
+            ℓ = 0.
+        residual_bounds: The classical estimates β_m |s_{m,j}| of ‖A v̂_j − λ̂_j v̂_j‖ for the
+            returned pairs (β_m from the three-term recurrence of the last iteration).
+        iterations: m, the number of Lanczos iterations (operator products).
+        restarts: Breakdowns after which the basis was extended by a random vector.
+        reorth_passes: Gram-Schmidt passes against the basis (each reads the i + 1 rows built
+            so far twice).
+        k: Number of largest eigenpairs requested.
+        l: Number of smallest eigenpairs requested (the paper's ℓ).
+        omega_max: With ``reorth="partial"``, the largest estimated ``|q_iᵀq_k|`` met (before a
+            pass); NaN otherwise.
     """
 
     eigenvalues: Tensor
@@ -108,6 +119,7 @@ class LanczosResult:
 
     @property
     def lambda_max(self) -> float:
+        """The largest Ritz value (λ̂₁)."""
         return float(self.eigenvalues[-1]) if self.k > 0 else float(self.ritz_values[-1])
 
     @property
@@ -117,11 +129,21 @@ class LanczosResult:
 
     @property
     def lambda_min(self) -> float:
+        """The smallest Ritz value (estimate of λ_n)."""
         return float(self.ritz_values[0])
 
 
 def default_num_iters(n: int, k: int, l: int) -> int:  # noqa: E741
-    """m = max(4(k+ℓ), ⌈2 ln n⌉), capped at n (the Krylov space cannot be larger)."""
+    """Default number of Lanczos iterations, ``m = max(4(k+ℓ), ⌈2 ln n⌉)`` capped at n.
+
+    Args:
+        n: Dimension of the operator (the Krylov space cannot be larger).
+        k: Number of largest eigenpairs wanted.
+        l: Number of smallest eigenpairs wanted.
+
+    Returns:
+        m.
+    """
     return min(n, max(4 * (k + l), math.ceil(2.0 * math.log(max(n, 2)))))
 
 
@@ -134,11 +156,26 @@ def check_symmetry(
     rtol: float = 1e-3,
     generator: torch.Generator | None = None,
 ) -> float:
-    """Cheap symmetry test with two random vectors (2 extra products): returns the relative
-    asymmetry ``|xᵀAy − yᵀAx| / (‖x‖‖Ay‖ + ‖y‖‖Ax‖)`` and raises
-    :class:`NonSymmetricOperatorError` above ``rtol``. A Hessian-vector product can fail it when
-    the loss is random (dropout left on) or the product is wrong; Lanczos on such an operator
-    returns meaningless Ritz pairs without any other sign of trouble."""
+    """Cheap symmetry test of an operator with two random vectors (2 extra products).
+
+    A Hessian-vector product can fail it when the loss is random (dropout left on) or the
+    product is wrong; Lanczos on such an operator returns meaningless Ritz pairs without any
+    other sign of trouble.
+
+    Args:
+        matvec: ``v ↦ A v``.
+        n: Dimension of the operator.
+        operator_dtype: Dtype the vectors are cast to before ``matvec``.
+        device: Device of the test vectors.
+        rtol: Largest relative asymmetry accepted.
+        generator: Random generator for the two vectors (the global one if ``None``).
+
+    Returns:
+        The relative asymmetry ``|xᵀAy − yᵀAx| / (‖x‖‖Ay‖ + ‖y‖‖Ax‖)``.
+
+    Raises:
+        NonSymmetricOperatorError: If the asymmetry is above ``rtol`` or not finite.
+    """
     x = torch.randn(n, dtype=torch.float64, device=device, generator=generator)
     y = torch.randn(n, dtype=torch.float64, device=device, generator=generator)
     ax = matvec(x.to(operator_dtype)).to(torch.float64)
@@ -170,12 +207,40 @@ def lanczos(
     symmetry_check: bool = False,
     symmetry_rtol: float = 1e-3,
 ) -> LanczosResult:
-    """k largest and ℓ smallest eigenpairs of the symmetric operator ``matvec`` on ℝⁿ.
+    """The k largest and ℓ smallest eigenpairs of the symmetric operator ``matvec`` on ℝⁿ.
 
-    ``matvec`` receives a vector of ``operator_dtype`` on ``device`` and returns ``A v`` (any
-    float dtype). The start vector is ``start`` if given, else a standard normal from
-    ``generator`` if given (advances it: a fresh vector per call), else from a new generator
-    seeded with ``seed`` (the same vector at every call).
+    The start vector is ``start`` if given, else a standard normal from ``generator`` if given
+    (advances it: a fresh vector per call), else from a new generator seeded with ``seed`` (the
+    same vector at every call).
+
+    Args:
+        matvec: Receives a vector of ``operator_dtype`` on ``device`` and returns ``A v`` (any
+            float dtype).
+        n: Dimension of the operator.
+        k: Number of largest eigenpairs.
+        l: Number of smallest eigenpairs (the paper's ℓ).
+        num_iters: Lanczos iterations m, in ``[k + ℓ, n]``; default :func:`default_num_iters`.
+        operator_dtype: Dtype of the vectors passed to ``matvec`` (the model's dtype); all
+            Lanczos arithmetic is float64.
+        device: Device of the basis and the vectors.
+        seed: Seed of the start vector when neither ``start`` nor ``generator`` is given.
+        generator: Generator for the start vector (and for restarts after breakdown).
+        start: Explicit start vector of n entries.
+        reorth: ``"twice"``, ``"dgks"`` or ``"partial"`` re-orthogonalisation (module
+            docstring).
+        breakdown_tol: ``β ≤ breakdown_tol · ‖T‖`` counts as breakdown (invariant subspace); the
+            basis is then extended by a random orthogonal vector.
+        symmetry_check: Run :func:`check_symmetry` first (2 extra products).
+        symmetry_rtol: ``rtol`` of the symmetry check.
+
+    Returns:
+        A :class:`LanczosResult`.
+
+    Raises:
+        ValueError: On inconsistent sizes (``k + ℓ ≥ n``, ``num_iters`` out of range, a start
+            vector of the wrong length or zero) or an unknown ``reorth``.
+        NonSymmetricOperatorError: If the symmetry check fails.
+        LanczosError: If the operator returns non-finite values.
     """
     if k < 0 or l < 0 or k + l == 0:
         raise ValueError(f"need k ≥ 0, ℓ ≥ 0 and k + ℓ ≥ 1, got k={k}, ℓ={l}")
@@ -382,5 +447,12 @@ def _ritz_with_corrections(T: Tensor, C: Tensor, evals: Tensor, S: Tensor) -> tu
 
 
 def dense_matvec(matrix: Tensor) -> MatVec:
-    """``v ↦ A v`` for a dense matrix (tests, the quadratic experiments)."""
+    """``v ↦ A v`` for a dense matrix (tests, the quadratic experiments).
+
+    Args:
+        matrix: A dense square matrix.
+
+    Returns:
+        The matrix-vector product, casting ``v`` to the matrix's dtype.
+    """
     return lambda v: matrix @ v.to(matrix.dtype)

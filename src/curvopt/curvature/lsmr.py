@@ -59,6 +59,23 @@ class LSMRResult:
 
     Iterating (or indexing 0–7) yields ``(x, istop, itn, normr, normar, norma, conda, normx)`` in
     SciPy's order, so ``x, istop, itn, *_ = lsmr(...)`` works as a drop-in replacement.
+
+    Attributes:
+        x: The solution in the preconditioned variable (a tensor, or numpy in numpy mode).
+        istop: Stop code, a key of :data:`STOP_REASONS`.
+        itn: Number of iterations run.
+        normr: Estimate of ``‖r̄‖``, the residual norm of the (damped) problem.
+        normar: Estimate of ``‖Āᵀr̄‖``.
+        norma: Estimate of the Frobenius norm ``‖Ā‖``.
+        conda: Estimate of ``cond(Ā)``.
+        normx: ``‖x‖``.
+        stop_reason: ``STOP_REASONS[istop]``.
+        merit_history: ``(iteration, merit value)`` at every merit evaluation; iteration 0 is
+            φ(x0).
+        best_itn: Iteration of the lowest merit (0 = x0); ``None`` without a merit.
+        best_merit: The lowest merit; ``None`` without a (finite) merit.
+        returned_best: ``True`` when ``x`` is the best-merit iterate, not the last one.
+        precond: The right preconditioner ``c`` used, or ``None``.
     """
 
     x: Any
@@ -96,7 +113,15 @@ class LSMRResult:
 
 
 def sym_ortho(a: float, b: float) -> tuple[float, float, float]:
-    """Stable Givens rotation: ``(c, s, r)`` with ``r = hypot(a, b) >= 0``, ``c = a/r``, ``s = b/r``."""
+    """Stable Givens rotation of ``(a, b)``.
+
+    Args:
+        a: First component.
+        b: Second component (the one rotated to 0).
+
+    Returns:
+        ``(c, s, r)`` with ``r = hypot(a, b) >= 0``, ``c = a/r``, ``s = b/r``.
+    """
     if b == 0.0:
         return (math.copysign(1.0, a) if a != 0.0 else 1.0), 0.0, abs(a)
     if a == 0.0:
@@ -119,13 +144,25 @@ def _norm(t: Tensor) -> float:
 
 
 def as_operator(A: Any) -> tuple[Matvec, Matvec, tuple[int, int], bool]:
-    """``(matvec, rmatvec, shape, numpy_mode)`` for the accepted kinds of ``A``.
+    """Turn the accepted kinds of operator into ``(matvec, rmatvec, shape, numpy_mode)``.
 
-    * a dense or sparse torch matrix;
-    * ``(matvec, rmatvec, shape)``, or any object with ``matvec``/``rmatvec``/``shape`` whose
-      methods take and return torch tensors (a "torch LinearOperator");
-    * a numpy array, scipy sparse matrix or ``scipy.sparse.linalg.LinearOperator``: the vectors are
-      converted at each call and the solution is returned as numpy (``numpy_mode``).
+    Args:
+        A: One of
+
+            * a dense or sparse torch matrix;
+            * ``(matvec, rmatvec, shape)``, or any object with ``matvec``/``rmatvec``/``shape``
+              whose methods take and return torch tensors (a "torch LinearOperator");
+            * a numpy array, scipy sparse matrix or ``scipy.sparse.linalg.LinearOperator``: the
+              vectors are converted at each call and the solution is returned as numpy
+              (``numpy_mode``).
+
+    Returns:
+        ``(matvec, rmatvec, (m, n), numpy_mode)``: ``v ↦ A v``, ``u ↦ Aᵀ u`` on torch vectors,
+        the shape, and whether ``A`` is a numpy/SciPy object.
+
+    Raises:
+        ValueError: If a tensor ``A`` is not 2-D.
+        TypeError: If ``A`` is of none of the kinds above.
     """
     if isinstance(A, Tensor):
         if A.dim() != 2:
@@ -176,38 +213,58 @@ def lsmr(
 ) -> LSMRResult:
     """Solve ``min ‖A diag(c) x − b‖² + damp² ‖x − x0‖²`` by LSMR.
 
-    Arguments mirror :func:`scipy.sparse.linalg.lsmr` (``A, b, damp, atol, btol, conlim, maxiter,
-    show, x0``); the result unpacks to SciPy's ``(x, istop, itn, normr, normar, norma, conda,
-    normx)``. Extra keyword arguments:
+    Arguments up to ``x0`` mirror :func:`scipy.sparse.linalg.lsmr`; the result unpacks to
+    SciPy's ``(x, istop, itn, normr, normar, norma, conda, normx)``. Breakdown (β or α becoming
+    exactly 0) finishes the current iteration — whose iterate is then the exact minimiser on the
+    Krylov space — and stops.
 
-    precond:
-        vector ``c`` of right diagonal preconditioning: LSMR runs on ``v ↦ A(c∘v)``,
-        ``u ↦ c∘(Aᵀu)``; ``x``, ``x0`` and the merit's argument are in that scaled variable.
-    merit:
-        SHF's validation merit φ (Algorithm 6). When given, it is evaluated at ``x0`` and at
-        iterations ``k = merit_first, ceil(merit_growth·k), …`` (capped at ``maxiter``), and
+    Args:
+        A: The m×n operator, any kind :func:`as_operator` accepts.
+        b: Right-hand side of length m (torch, or numpy with a numpy/SciPy ``A``).
+        damp: Damping λ (the paper's regulariser; λ² multiplies the penalty).
+        atol: Tolerance of SciPy's tests on ``‖Āᵀr̄‖/(‖Ā‖‖r̄‖)`` (and, with ``btol``, on the
+            relative residual).
+        btol: Relative residual tolerance of SciPy's compatibility test (ignored with a merit).
+        conlim: Stop when the estimate of ``cond(Ā)`` reaches it (ignored with a merit).
+        maxiter: Iteration cap; defaults to ``min(m, n)``.
+        show: Print a short iteration log.
+        x0: Starting point (in the preconditioned variable); ``None`` starts from 0.
+        precond: Vector ``c`` of right diagonal preconditioning: LSMR runs on ``v ↦ A(c∘v)``,
+            ``u ↦ c∘(Aᵀu)``; ``x``, ``x0`` and the merit's argument are in that scaled
+            variable.
+        merit: SHF's validation merit φ (Algorithm 6), a function of the current ``x``. When
+            given, it is evaluated at ``x0`` and at iterations ``k = merit_first,
+            ceil(merit_growth·k), …`` (capped at ``maxiter``), and
 
-        * stops with ``merit_ftol`` when ``k > miniter``, φ_k is the lowest so far and
-          ``(φ_prev − φ_k)/φ_k < (k − k_prev)·ftol`` (Martens-style relative progress);
-        * stops with ``merit_recover`` when ``k > miniter``, φ_k is above the minimum and more than
-          ``recover`` iterations have passed since it;
-        * of SciPy's tests only ``test2 = ‖Āᵀr̄‖/(‖Ā‖‖r̄‖) <= atol`` stays on (the paper's rule);
-          ``btol`` and ``conlim`` are ignored.
-    return_best:
-        return the best-merit iterate instead of the last one (the paper's Algorithm 6 tracks it
-        but returns the last iterate).
-    damp_center:
-        what the damping pulls toward when ``x0`` is given. ``"x0"`` (default; SciPy, the paper's
-        Eq. (19) and Algorithm 6): ``min ‖A diag(c) x − b‖² + damp²‖x − x0‖²``. ``"zero"`` (the
-        normal equations ``(AᵀA + λ²I)d = Aᵀb`` of the paper's Algorithm 1, x0 only a starting
-        point): ``min ‖A diag(c) x − b‖² + damp²‖x‖²``, solved as the undamped problem
-        ``min ‖[A diag(c); damp·I] x − [b; 0]‖`` from x0 (‖Ā‖, ‖r̄‖ and the atol test are those of the
-        stacked operator). Without ``x0`` (or with ``damp = 0``) the two are the same problem.
-    callback:
-        called as ``callback(itn, x)`` after every iteration (tests, diagnostics).
+            * stops with ``merit_ftol`` when ``k > miniter``, φ_k is the lowest so far and
+              ``(φ_prev − φ_k)/φ_k < (k − k_prev)·ftol`` (Martens-style relative progress);
+            * stops with ``merit_recover`` when ``k > miniter``, φ_k is above the minimum and
+              more than ``recover`` iterations have passed since it;
+            * of SciPy's tests only ``test2 = ‖Āᵀr̄‖/(‖Ā‖‖r̄‖) <= atol`` stays on (the paper's
+              rule); ``btol`` and ``conlim`` are ignored.
+        ftol: Relative-progress tolerance of the ``merit_ftol`` stop, per iteration.
+        miniter: Iterations before either merit stop may fire.
+        recover: Iterations the merit may stay above its minimum before ``merit_recover``.
+        merit_first: First iteration at which the merit is evaluated after ``x0``.
+        merit_growth: Growth factor of the merit evaluation points.
+        return_best: Return the best-merit iterate instead of the last one (the paper's
+            Algorithm 6 tracks it but returns the last iterate).
+        damp_center: What the damping pulls toward when ``x0`` is given. ``"x0"`` (default;
+            SciPy, the paper's Eq. (19) and Algorithm 6): ``min ‖A diag(c) x − b‖² +
+            damp²‖x − x0‖²``. ``"zero"`` (the normal equations ``(AᵀA + λ²I)d = Aᵀb`` of the
+            paper's Algorithm 1, x0 only a starting point): ``min ‖A diag(c) x − b‖² +
+            damp²‖x‖²``, solved as the undamped problem ``min ‖[A diag(c); damp·I] x − [b; 0]‖``
+            from x0 (‖Ā‖, ‖r̄‖ and the atol test are those of the stacked operator). Without
+            ``x0`` (or with ``damp = 0``) the two are the same problem.
+        callback: Called as ``callback(itn, x)`` after every iteration (tests, diagnostics).
 
-    Breakdown (β or α becoming exactly 0) finishes the current iteration — whose iterate is then
-    the exact minimiser on the Krylov space — and stops.
+    Returns:
+        An :class:`LSMRResult`.
+
+    Raises:
+        ValueError: If ``damp_center`` is unknown or ``b`` does not match ``A``'s rows.
+        TypeError: If ``A`` is not a usable operator, or ``damp_center="zero"`` is combined with
+            a numpy/SciPy operator.
     """
     if damp_center not in ("x0", "zero"):
         raise ValueError(f"damp_center must be 'x0' or 'zero', got {damp_center!r}")
@@ -495,8 +552,11 @@ def lsmr(
 def _lsmr_damped_toward_zero(
     A: Any, b: Any, damp: float, x0: Any, precond: Tensor | None, **kw: Any
 ) -> LSMRResult:
-    """``damp_center="zero"``: LSMR without damping on the stacked ``[A diag(c); λI]``, rhs ``[b; 0]``,
-    started at x0, so the damping pulls toward 0 whatever the starting point."""
+    """LSMR for ``damp_center="zero"``: no damping, on the stacked ``[A diag(c); λI]``.
+
+    The right-hand side is ``[b; 0]`` and the solve starts at x0, so the damping pulls toward 0
+    whatever the starting point.
+    """
     matvec, rmatvec, (m, n), numpy_mode = as_operator(A)
     if numpy_mode:
         raise TypeError("damp_center='zero' takes torch operators (a tensor or (matvec, rmatvec, shape))")

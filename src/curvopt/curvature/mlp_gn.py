@@ -52,6 +52,14 @@ def mlp_layers(model: nn.Module, params: Params) -> list[_Layer] | None:
 
     Accepted: ``nn.Sequential`` of ``nn.Linear`` modules, each followed by at most one of
     Sigmoid/Tanh/ReLU/Identity, whose trainable parameters are exactly the Linear weights/biases.
+
+    Args:
+        model: The network.
+        params: Its trainable parameters (name → tensor, in flat order); fixes the offsets of
+            each layer's slices in a flat parameter vector.
+
+    Returns:
+        One entry per Linear layer (keys, activation, flat slices, weight shape), or ``None``.
     """
     if not isinstance(model, nn.Sequential):
         return None
@@ -88,7 +96,14 @@ def mlp_layers(model: nn.Module, params: Params) -> list[_Layer] | None:
 
 
 def supports_hand_written(objective: Objective) -> bool:
-    """True when :class:`MLPGaussNewton` applies (squared error on a plain MLP)."""
+    """Whether :class:`MLPGaussNewton` applies (squared error on a plain MLP).
+
+    Args:
+        objective: The model and its loss kind.
+
+    Returns:
+        ``True`` for a squared-error loss on a model :func:`mlp_layers` accepts.
+    """
     return (
         objective.loss_kind == "squared_error" and mlp_layers(objective.model, objective.params()) is not None
     )
@@ -109,7 +124,14 @@ def _activate(z: Tensor, act: str) -> tuple[Tensor, Tensor | None]:
 
 
 class GaussNewtonBase:
-    """Interface shared by the hand-written and the ``torch.func`` operators."""
+    """Interface shared by the hand-written and the ``torch.func`` operators.
+
+    Attributes:
+        residual: ``R(w; X) = (out − Y)/√n`` at the cached point, shape ``(n, m_out)``.
+        n: Number of examples in the batch.
+        numel: Number of parameters P (length of a flat parameter-space vector).
+        scale: ``1/√n``.
+    """
 
     residual: Tensor  # R(w; X) = (out − Y)/√n, shape (n, m_out)
     n: int
@@ -119,35 +141,75 @@ class GaussNewtonBase:
     def jvp(
         self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None
     ) -> Tensor:  # pragma: no cover - interface
-        """``J v`` (``J(c∘v)`` with ``col_scale=c``) for a flat parameter-space ``v``; shape
-        ``(n, m_out)`` (into ``out`` if given)."""
+        """Jacobian-vector product ``J v`` of the scaled residual map.
+
+        Args:
+            v: Flat parameter-space vector of length P.
+            out: Optional ``(n, m_out)`` tensor to write the result into.
+            col_scale: Right diagonal scaling ``c``: computes ``J(c∘v)``.
+
+        Returns:
+            ``J v`` (or ``J(c∘v)``), shape ``(n, m_out)``; ``out`` when given.
+        """
         raise NotImplementedError
 
     def vjp(
         self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None
     ) -> Tensor:  # pragma: no cover - interface
-        """``Jᵀ U`` (``c∘JᵀU`` with ``col_scale=c``) for an ``(n, m_out)`` ``U``; flat (into ``out``
-        if given)."""
+        """Vector-Jacobian product ``Jᵀ U`` of the scaled residual map.
+
+        Args:
+            u: Residual-space matrix ``U``, shape ``(n, m_out)``.
+            out: Optional flat tensor of length P to write the result into.
+            col_scale: Diagonal scaling ``c``: computes ``c∘JᵀU``.
+
+        Returns:
+            ``JᵀU`` (or ``c∘JᵀU``), flat of length P; ``out`` when given.
+        """
         raise NotImplementedError
 
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover
-        """``(Σ_i g_i, Σ_i g_i²)`` for ``g_i = J_iᵀ t_i``, ``J_i`` the *unscaled* Jacobian of
-        example i's output and ``t_i`` row i of ``top``. With ``top = out − Y`` these are the
-        per-example gradients of ``f_i = ½‖r_i‖²``; with Rademacher rows, Chapelle–Erhan's ``c_i``.
+        """Sum and sum of squares of per-example vector-Jacobian products.
+
+        ``g_i = J_iᵀ t_i`` with ``J_i`` the *unscaled* Jacobian of example i's output and
+        ``t_i`` row i of ``top``. With ``top = out − Y`` these are the per-example gradients of
+        ``f_i = ½‖r_i‖²``; with Rademacher rows, Chapelle–Erhan's ``c_i``.
+
+        Args:
+            top: ``(n, m_out)`` output-space rows ``t_i``.
+
+        Returns:
+            ``(Σ_i g_i, Σ_i g_i²)``, both flat of length P (squares elementwise).
         """
         raise NotImplementedError
 
     def gradient(self) -> Tensor:
-        """``∇f_S = Jᵀ R`` (the batch-mean loss gradient)."""
+        """The batch-mean loss gradient ``∇f_S = Jᵀ R``.
+
+        Returns:
+            A flat vector of length P.
+        """
         return self.vjp(self.residual)
 
     def loss(self) -> float:
-        """``f(w; X) = ½ ‖R‖_F²``."""
+        """The batch loss ``f(w; X) = ½ ‖R‖_F²`` at the cached point.
+
+        Returns:
+            The loss as a Python float.
+        """
         return 0.5 * float((self.residual * self.residual).sum())
 
     def gn_diag_estimate(self, generator: torch.Generator | None = None) -> Tensor:
-        """Unbiased estimate of ``diag(JᵀJ)`` from one Rademacher draw per example (Algorithm 3,
-        batched): ``(1/n) Σ_i (J_iᵀ u_i)²``."""
+        """Unbiased estimate of ``diag(JᵀJ)`` (Chapelle–Erhan; the paper's Algorithm 3, batched).
+
+        One Rademacher draw ``u_i`` per example: ``(1/n) Σ_i (J_iᵀ u_i)²``.
+
+        Args:
+            generator: Random generator for the Rademacher draws (the global one if ``None``).
+
+        Returns:
+            The flat estimate, length P.
+        """
         u = torch.randint(0, 2, self.residual.shape, generator=generator, device=self.residual.device).to(
             self.residual.dtype
         )
@@ -156,7 +218,11 @@ class GaussNewtonBase:
         return sq / self.n
 
     def batch_gradient_moments(self) -> tuple[Tensor, Tensor]:
-        """Per-example gradient sum and sum of squares at the cached point (``f_i = ½‖r_i‖²``)."""
+        """Per-example gradient sum and sum of squares at the cached point (``f_i = ½‖r_i‖²``).
+
+        Returns:
+            ``(Σ_i ∇f_i, Σ_i (∇f_i)²)``, flat of length P (the inputs of the batch-size test).
+        """
         return self.per_example_moments(self.residual / self.scale)
 
 
@@ -165,6 +231,15 @@ class MLPGaussNewton(GaussNewtonBase):
 
     The cache holds ``S_ℓ`` (layer outputs) and ``S'_ℓ`` (activation derivatives) for the batch; it
     is built once per outer iteration and reused by every LSMR product.
+
+    Args:
+        objective: A squared-error objective whose model :func:`mlp_layers` accepts.
+        params: The point ``w`` (name → tensor, flat order).
+        x: Input batch, ``(n, ...)`` (flattened per example).
+        y: Targets, reshaped to ``(n, m_out)``.
+
+    Raises:
+        ValueError: If the model is not such an MLP or the loss is not squared error.
     """
 
     def __init__(self, objective: Objective, params: Params, x: Tensor, y: Tensor) -> None:
@@ -197,10 +272,20 @@ class MLPGaussNewton(GaussNewtonBase):
     # Algorithm 4 (forward mode)
     @torch.no_grad()
     def jvp(self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
-        """``J v`` (or ``J (c∘v)`` with ``col_scale=c``, applied layer by layer while the slice is
-        in cache). The hidden layers' tangents live in work buffers owned by the operator (fresh
-        multi-MB allocations cost page faults on every LSMR iteration on CPU); ``out`` (shape
-        ``(n, m_out)``) receives the result, else a new tensor is returned."""
+        """``J v`` by the paper's Algorithm 4 (forward mode).
+
+        ``col_scale=c`` gives ``J (c∘v)``, applied layer by layer while the slice is in cache.
+        The hidden layers' tangents live in work buffers owned by the operator (fresh multi-MB
+        allocations cost page faults on every LSMR iteration on CPU).
+
+        Args:
+            v: Flat parameter-space vector of length P.
+            out: Optional ``(n, m_out)`` tensor receiving the result.
+            col_scale: Right diagonal scaling ``c``.
+
+        Returns:
+            ``J v``, shape ``(n, m_out)``: ``out`` if given, else a new tensor.
+        """
         f: Tensor | None = None
         last = len(self.layers) - 1
         for i, (layer, s_in, sp) in enumerate(zip(self.layers, self.inputs, self.derivs)):
@@ -234,8 +319,16 @@ class MLPGaussNewton(GaussNewtonBase):
     # Algorithm 5 (backward mode)
     @torch.no_grad()
     def vjp(self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
-        """``Jᵀ U`` (or ``c∘JᵀU``) written layer by layer into ``out`` (flat, length P) or a new
-        vector."""
+        """``Jᵀ U`` by the paper's Algorithm 5 (backward mode), written layer by layer.
+
+        Args:
+            u: ``(n, m_out)`` residual-space matrix.
+            out: Optional flat tensor of length P receiving the result.
+            col_scale: Diagonal scaling ``c``: computes ``c∘JᵀU``.
+
+        Returns:
+            The flat product: ``out`` if given, else a new vector.
+        """
         if out is None:
             out = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         top = self.derivs[-1]
@@ -278,6 +371,14 @@ class MLPGaussNewton(GaussNewtonBase):
 
     @torch.no_grad()
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example moments by ``Σ_i (s̃_i f_iᵀ)² = (S̃²)ᵀ(F²)``, without per-example gradients.
+
+        Args:
+            top: ``(n, m_out)`` output-space rows ``t_i``.
+
+        Returns:
+            ``(Σ_i g_i, Σ_i g_i²)`` as in :meth:`GaussNewtonBase.per_example_moments`.
+        """
         if self._inputs_sq is None:
             self._inputs_sq = [s * s for s in self.inputs]
         total = torch.empty(self.numel, dtype=self.dtype, device=self.device)
@@ -307,6 +408,16 @@ class FuncGaussNewton(GaussNewtonBase):
     The per-example reductions have no closed form for a generic model: they vmap per-example VJPs
     over chunks of ``chunk_size`` examples, which holds ``chunk_size × P`` numbers at a time —
     exact, but slower and hungrier than the MLP trick.
+
+    Args:
+        objective: A squared-error objective (any model).
+        params: The point ``w`` (name → tensor, flat order).
+        x: Input batch, ``(n, ...)``.
+        y: Targets, reshaped to ``(n, m_out)``.
+        chunk_size: Examples per ``vmap`` chunk in :meth:`per_example_moments`.
+
+    Raises:
+        ValueError: If the loss is not squared error.
     """
 
     def __init__(
@@ -332,6 +443,16 @@ class FuncGaussNewton(GaussNewtonBase):
         self.residual = (self.output - y.reshape(self.n, -1)) * self.scale
 
     def jvp(self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
+        """``J v`` through ``torch.func.linearize`` (traced on the first call).
+
+        Args:
+            v: Flat parameter-space vector of length P.
+            out: Optional ``(n, m_out)`` tensor receiving the result.
+            col_scale: Right diagonal scaling ``c``: computes ``J(c∘v)``.
+
+        Returns:
+            ``J v``, shape ``(n, m_out)``.
+        """
         if col_scale is not None:
             v = v * col_scale
         if self._linear is None:
@@ -342,6 +463,16 @@ class FuncGaussNewton(GaussNewtonBase):
             return torch.mul(jv, self.scale, out=out) if out is not None else jv.mul_(self.scale)
 
     def vjp(self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
+        """``Jᵀ U`` through the VJP closure of the cached forward.
+
+        Args:
+            u: ``(n, m_out)`` residual-space matrix.
+            out: Optional flat tensor of length P receiving the result.
+            col_scale: Diagonal scaling ``c``: computes ``c∘JᵀU``.
+
+        Returns:
+            The flat product.
+        """
         with torch.no_grad():
             grads = self._pullback(u.reshape(self.out_shape) * self.scale)[0]
             if out is None:
@@ -351,6 +482,14 @@ class FuncGaussNewton(GaussNewtonBase):
             return out.mul_(col_scale) if col_scale is not None else out
 
     def per_example_moments(self, top: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example moments by chunked ``vmap`` of per-example VJPs.
+
+        Args:
+            top: ``(n, m_out)`` output-space rows ``t_i``.
+
+        Returns:
+            ``(Σ_i g_i, Σ_i g_i²)`` as in :meth:`GaussNewtonBase.per_example_moments`.
+        """
         model = self.objective.model
         top = top.reshape(self.n, *self.out_shape[1:])
 
@@ -373,7 +512,18 @@ class FuncGaussNewton(GaussNewtonBase):
 def residual_gauss_newton(
     objective: Objective, params: Params, x: Tensor, y: Tensor, hand_written: bool = True
 ) -> GaussNewtonBase:
-    """The hand-written operator when requested and applicable, else the ``torch.func`` one."""
+    """The Gauss-Newton operator of the residual map at ``params`` on one batch.
+
+    Args:
+        objective: A squared-error objective.
+        params: The point ``w``.
+        x: Input batch.
+        y: Targets.
+        hand_written: Use :class:`MLPGaussNewton` when the model is a plain MLP.
+
+    Returns:
+        :class:`MLPGaussNewton` when requested and applicable, else :class:`FuncGaussNewton`.
+    """
     if hand_written and mlp_layers(objective.model, params) is not None:
         return MLPGaussNewton(objective, params, x, y)
     return FuncGaussNewton(objective, params, x, y)

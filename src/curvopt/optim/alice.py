@@ -1,7 +1,7 @@
-"""Alice and Alice-0 (Gong et al., Algorithms 2–4 and 10; spec §5).
+"""Alice and Alice-0 (Gong et al., Algorithms 2–4 and 10; docs/alice.md).
 
 Alice is a low-rank Eigen-Adam: Adam run in the rotated space of the leading eigenvectors ``U`` of
-``E[G Gᵀ]``, made cheap and made to work at low rank by three steps (spec §5.1):
+``E[G Gᵀ]``, made cheap and made to work at low rank by three steps (paper Section 5):
 
 1. **tracking** — keep only the projected covariance ``Q̃ = EMA_β3(σ σᵀ)`` (r×r, ``σ = UᵀG``) and
    reconstruct ``Q ≈ U Q̃ Uᵀ`` when the basis is refreshed (every ``K`` steps);
@@ -16,7 +16,8 @@ Alice is a low-rank Eigen-Adam: Adam run in the rotated space of the leading eig
 The step is ``W ← W − λ α (U ω + α_c Δ_c)`` with ``ω = m/(√v + ε)`` (no bias correction).
 **Alice-0** is ``beta3 = 0``: no ``Q̃`` is stored and the refresh uses ``G Gᵀ`` alone.
 
-Choices the paper leaves open ([DECIDE], spec §10), each a constructor flag:
+Choices the paper leaves open ([DECIDE]; docs/alice.md, "Flags and [DECIDE] choices", and
+docs/decisions.md), each a constructor flag:
 
 * ``init="evd"``: at t = 1 (``U_0 = 0``) the exact top-r eigenvectors of ``G₁G₁ᵀ``, then Switch;
 * ``reproject_qtilde=True``: at a switch re-express ``Q̃`` in the new basis, ``Q̃ ← R Q̃ Rᵀ`` with
@@ -68,6 +69,12 @@ def canonical_signs(U: Tensor) -> Tensor:
     Eigenvectors are defined up to sign, and the complement basis from a QR depends on those
     signs; fixing them makes a switch reproducible across LAPACK builds and devices (and lets the
     NumPy reference in the tests follow the same path).
+
+    Args:
+        U: A matrix whose columns are eigenvectors.
+
+    Returns:
+        ``U`` with columns multiplied by ±1.
     """
     idx = U.abs().argmax(dim=0, keepdim=True)
     sign = torch.sign(torch.gather(U, 0, idx))
@@ -76,7 +83,15 @@ def canonical_signs(U: Tensor) -> Tensor:
 
 
 def top_eigvecs(A: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-``k`` eigenpairs of a symmetric matrix, eigenvalues descending, canonical signs."""
+    """Top-``k`` eigenpairs of a symmetric matrix, eigenvalues descending, canonical signs.
+
+    Args:
+        A: A square matrix (symmetrised as ``(A + Aᵀ)/2``).
+        k: Number of eigenpairs.
+
+    Returns:
+        ``(eigenvalues (k,), eigenvectors (m, k))``.
+    """
     evals, evecs = torch.linalg.eigh(0.5 * (A + A.T))
     order = torch.argsort(evals, descending=True)[:k]
     return evals[order], canonical_signs(evecs[:, order])
@@ -85,8 +100,19 @@ def top_eigvecs(A: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def subspace_iteration(
     matvec: Callable[[Tensor], Tensor], U0: Tensor, steps: int = 1
 ) -> tuple[Tensor, Tensor]:
-    """Alg. 10 with the Rayleigh–Ritz back-mapping (spec §10.11): ``steps`` of ``U ← QR(A U)``,
-    then ``U · eigvecs(Uᵀ A U)`` sorted by descending eigenvalue. Returns ``(U, eigenvalues)``."""
+    """Subspace iteration, the paper's Alg. 10, with the Rayleigh–Ritz back-mapping.
+
+    ``steps`` of ``U ← QR(A U)``, then ``U · eigvecs(Uᵀ A U)`` sorted by descending eigenvalue
+    (the Rayleigh–Ritz lift corrects a typo of Alg. 10; docs/alice.md).
+
+    Args:
+        matvec: ``X ↦ A X`` for a symmetric A, applied to m×r blocks.
+        U0: Starting m×r basis.
+        steps: Number of QR steps.
+
+    Returns:
+        ``(U, eigenvalues)``: the m×r Ritz basis (canonical signs) and its r Ritz values.
+    """
     U = U0
     for _ in range(steps):
         U, _ = torch.linalg.qr(matvec(U))
@@ -97,20 +123,45 @@ def subspace_iteration(
 
 
 def complement_basis(U: Tensor) -> Tensor:
-    """Orthonormal basis of the orthogonal complement of ``span(U)`` (m×(m−r)): the last columns
-    of the complete QR of ``U`` (the paper's ``QR(U)``)."""
+    """Orthonormal basis of the orthogonal complement of ``span(U)``.
+
+    The last columns of the complete QR of ``U`` (the paper's ``QR(U)``).
+
+    Args:
+        U: An m×r matrix with orthonormal columns.
+
+    Returns:
+        The m×(m−r) complement basis.
+    """
     m, r = U.shape
     Qfull, _ = torch.linalg.qr(U, mode="complete")
     return Qfull[:, r:]
 
 
 def switch_generator(seed: int, n_switch: int) -> torch.Generator:
-    """CPU generator for the ``n_switch``-th switch of the matrix with seed ``seed``."""
+    """CPU generator for the ``n_switch``-th switch of the matrix with seed ``seed``.
+
+    Args:
+        seed: The matrix's seed (base seed and parameter index, kept in the state).
+        n_switch: How many switches this matrix has made.
+
+    Returns:
+        A seeded ``torch.Generator`` on the CPU.
+    """
     return torch.Generator(device="cpu").manual_seed((int(seed) * SEED_STRIDE + int(n_switch)) % (2**63 - 1))
 
 
 def sample_indices(gen: torch.Generator, population: int, k: int) -> Tensor:
-    """``k`` indices drawn uniformly without replacement from ``range(population)`` (CPU)."""
+    """``k`` indices drawn uniformly without replacement from ``range(population)`` (CPU).
+
+    Args:
+        gen: CPU random generator.
+        population: Size of the range.
+        k: Number of indices.
+
+    Returns:
+        A 1-D long tensor of ``k`` distinct indices.
+    """
     return torch.randperm(population, generator=gen)[:k]
 
 
@@ -120,8 +171,22 @@ def _unit_gaussian(m: int, k: int, gen: torch.Generator, like: Tensor) -> Tensor
 
 
 def switch_basis(Up: Tensor, r: int, lead: int, gen: torch.Generator, mode: str = "complement") -> Tensor:
-    """Alg. 2 (``mode="complement"``) and the Fig. 5b variants, from the new leading basis ``Up``
-    (m×r, columns sorted by eigenvalue). Returns the m×r projection."""
+    """Switch (the paper's Alg. 2) and the Fig. 5b variants: the next projection basis.
+
+    Args:
+        Up: The new leading basis, m×r, columns sorted by eigenvalue.
+        r: Rank.
+        lead: Number l of leading vectors kept (capped at r).
+        gen: CPU generator for the random draws.
+        mode: ``"complement"`` (Alg. 2: top l, the rest drawn from the orthonormal complement),
+            ``"none"`` (``Up`` itself), ``"gaussian"``, ``"gaussian_mix"`` or ``"full_basis"``.
+
+    Returns:
+        The m×r projection (``Up`` when ``r ≥ m``).
+
+    Raises:
+        ValueError: If ``mode`` is unknown.
+    """
     m = Up.shape[0]
     if mode == "none" or r >= m:
         return Up
@@ -145,7 +210,17 @@ def switch_basis(Up: Tensor, r: int, lead: int, gen: torch.Generator, mode: str 
 
 
 def compensation_explicit(G: Tensor, U: Tensor, p: Tensor, eps: float) -> Tensor:
-    """Alg. 3's ``√(m−r) (G − UUᵀG) Diag(p)^{-1/2}`` formed explicitly (reference path)."""
+    """Alg. 3's compensation ``√(m−r) (G − UUᵀG) Diag(p)^{-1/2}`` formed explicitly (reference path).
+
+    Args:
+        G: m×n gradient (oriented so that U spans its rows).
+        U: m×r projection basis.
+        p: n-vector, the EMA of per-column squared residual norms.
+        eps: ε added to ``√p``.
+
+    Returns:
+        The m×n compensation.
+    """
     m, r = U.shape
     R = G - U @ (U.T @ G)
     return math.sqrt(max(m - r, 0)) * R / (p.sqrt() + eps)[None, :]
@@ -157,19 +232,51 @@ def compensation_explicit(G: Tensor, U: Tensor, p: Tensor, eps: float) -> Tensor
 class Alice(MatrixOptimizer):
     """Alice (Algorithm 4); ``beta3=0`` gives Alice-0. See the module docstring for all flags.
 
-    Args:
-        lr: scheduled learning rate λ (Table 11: 0.02).
-        alpha: update scale α (0.3; 0.25 at 1.3B). alpha_c: compensation scale α_c (0.4; 0.2).
-        betas: ``(β1, β2, β3)`` = (0.9, 0.9, 0.999). β1 also decays the compensation norm ``p``.
-        rank: r (128 at 60M, 256 at 130M/350M, 512 at 1.3B); at most the projected side of every
-            method weight unless ``clamp_rank=True`` (then full rank where it does not fit).
-        leading: l (40; 160 at 1.3B); ``None`` = min(40, rank); at most ``rank``.
-        update_interval: K (200). Refreshes at t = 1 and every t ≡ 0 (mod K).
-        gamma: limiter threshold (1.01). seed: base seed of the switch draws.
-
     State per matrix (oriented so that ``m ≤ n``): ``U`` (m×r), ``Qt`` (r×r, omitted for
     Alice-0, stored in ``qtilde_dtype``), ``exp_avg``/``exp_avg_sq`` (r×n), ``p`` (n), ``phi``,
     ``step``, ``seed``, ``n_switch``.
+
+    Args:
+        params: Parameters or parameter groups; non-Adam groups must hold 2-D matrices only.
+        lr: Scheduled learning rate λ (Table 11: 0.02).
+        alpha: Update scale α (0.3; 0.25 at 1.3B).
+        alpha_c: Compensation scale α_c (0.4; 0.2 at 1.3B).
+        betas: ``(β1, β2, β3)`` = (0.9, 0.9, 0.999): first and second moments of ``σ = UᵀG`` and
+            the tracking EMA of ``Q̃``. β1 also decays the compensation norm ``p``; β3 = 0 is
+            Alice-0.
+        rank: r (128 at 60M, 256 at 130M/350M, 512 at 1.3B); at most the projected side of every
+            method weight unless ``clamp_rank=True`` (then full rank where it does not fit).
+        leading: l (40; 160 at 1.3B), leading vectors kept at a switch; ``None`` =
+            min(40, rank); at most ``rank``.
+        update_interval: K (200). Refreshes at t = 1 and every t ≡ 0 (mod K).
+        gamma: Limiter threshold γ (1.01) of the compensation.
+        eps: ε in ``ω = m/(√v + ε)`` and in ``1/(√p + ε)``.
+        bias_correction: Bias-correct the moments (``False``: the paper's literal update).
+        switch: Switch rule: ``"complement"`` (Alg. 2) or the Fig. 5b ablations ``"none"``,
+            ``"gaussian"``, ``"gaussian_mix"``, ``"full_basis"``.
+        compensation: ``"optimal"`` (Alg. 3) or the Fig. 5c ablations ``"none"``, ``"fira"``,
+            ``"fira_plus"``.
+        reproject_qtilde: At a switch, ``Q̃ ← R Q̃ Rᵀ`` with ``R = UᵀU_old`` (``False``: Alg. 4
+            literally).
+        moments_on_switch: ``"keep"`` (GaLore behaviour) or ``"reset"`` the moments at a switch.
+        init: Basis at t = 1: ``"evd"`` (exact top-r EVD of ``G₁G₁ᵀ``; the only option).
+        project_side: ``"smaller"``: U spans the smaller side of the weight; ``"rows"``: always
+            the output side.
+        subspace_steps: QR steps of the subspace iteration at a refresh.
+        fused_compensation: Form the update as ``U(ω − cσD) + cGD`` without materialising the
+            residual (orthonormal switch modes only).
+        seed: Base seed of the switch draws.
+        qtilde_dtype: Dtype of ``Q̃`` (fp32 by default; ``None``: the state dtype).
+        adam_betas: Adam betas of groups with ``adam=True``.
+        adam_eps: Adam ε of groups with ``adam=True``.
+        weight_decay: Decoupled weight decay (the paper uses none).
+        state_dtype: Dtype of the other state tensors (default: the parameter's).
+        clamp_rank: Use full rank (no projection) for weights whose projected side is below
+            ``rank`` instead of refusing them.
+
+    Raises:
+        ValueError: On an out-of-range hyperparameter, an unknown mode, a rank above a weight's
+            projected side without ``clamp_rank``, or a non-2-D parameter in a method group.
     """
 
     method_name = "alice"
@@ -237,6 +344,11 @@ class Alice(MatrixOptimizer):
         self._reindex()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (validated as in :class:`MatrixOptimizer`) and re-index the parameters.
+
+        Args:
+            param_group: A dict with ``params`` and optional per-group settings.
+        """
         super().add_param_group(param_group)
         if hasattr(self, "_index"):
             self._reindex()
@@ -298,7 +410,16 @@ class Alice(MatrixOptimizer):
 
     @staticmethod
     def oriented_shape(shape: tuple[int, int], project_side: str = "smaller") -> tuple[int, int, bool]:
-        """``(m, n, transposed)``: the projected side ``m`` (U is m×r) and the other side ``n``."""
+        """Orient a weight shape for the projection.
+
+        Args:
+            shape: The weight's ``(rows, cols)``.
+            project_side: ``"smaller"`` or ``"rows"``.
+
+        Returns:
+            ``(m, n, transposed)``: the projected side ``m`` (U is m×r), the other side ``n``,
+            and whether the weight is used transposed.
+        """
         rows, cols = shape
         transposed = project_side == "smaller" and rows > cols
         return (cols, rows, True) if transposed else (rows, cols, False)
@@ -311,7 +432,19 @@ class Alice(MatrixOptimizer):
         project_side: str = "smaller",
         **_: Any,
     ) -> dict[str, int]:
-        """Elements of each state tensor for a weight of ``shape`` (Table 6: mr + 2nr + n + r²)."""
+        """Elements of each state tensor for one weight matrix (Table 6: mr + 2nr + n + r²).
+
+        Args:
+            shape: The weight's shape.
+            rank: r (capped at the projected side).
+            betas: ``(β1, β2, β3)``; ``Qt`` is counted only when β3 > 0.
+            project_side: As in :meth:`oriented_shape`.
+            **_: Ignored.
+
+        Returns:
+            ``name -> elements`` for ``U``, ``exp_avg``, ``exp_avg_sq``, ``p``, ``phi`` (and
+            ``Qt``).
+        """
         m, n, _t = Alice.oriented_shape(shape, project_side)
         r = min(int(rank), m)
         out = {"U": m * r, "exp_avg": r * n, "exp_avg_sq": r * n, "p": n, "phi": 1}
@@ -352,7 +485,7 @@ class Alice(MatrixOptimizer):
         if t == 1 or t % K == 0:
             U_old = state["U"].to(cdt)
             if t == 1:
-                # U_0 = 0 cannot seed a subspace iteration: exact EVD of Q_1 = (1−β3) G Gᵀ (§10.9)
+                # U_0 = 0 cannot seed a subspace iteration: exact EVD of Q_1 = (1−β3) G Gᵀ (init="evd")
                 Up = top_eigvecs(G @ G.T, r)[1]
             else:
 
@@ -422,9 +555,12 @@ class Alice(MatrixOptimizer):
         b1: float,
         eps: float,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """The bracket of Alg. 4 line 17, ``U ω + α_c Δ_c``, as ``(inner, colscale, dense)`` with
-        bracket = ``U·inner + G·Diag(colscale) + dense`` (absent terms are ``None``), so that the
-        caller can add it to the weights without forming it."""
+        """The bracket of Alg. 4 line 17, ``U ω + α_c Δ_c``, in factored form.
+
+        Returned as ``(inner, colscale, dense)`` with bracket = ``U·inner + G·Diag(colscale) +
+        dense`` (absent terms are ``None``), so that the caller can add it to the weights without
+        forming it.
+        """
         mode = group["compensation"]
         gamma, alpha_c = group["gamma"], group["alpha_c"]
         phi = state["phi"]
@@ -432,7 +568,7 @@ class Alice(MatrixOptimizer):
             return omega, None, None
         if mode == "optimal":
             col_g2 = _col_sq_norms(G)
-            res_sq = (col_g2 - sigma.square().sum(0)).clamp_min_(0)  # ‖g_j‖² − ‖Uᵀg_j‖² (§10.18)
+            res_sq = (col_g2 - sigma.square().sum(0)).clamp_min_(0)  # ‖g_j‖² − ‖Uᵀg_j‖², clamped at 0
             pvec = _in_state_dtype(state["p"], G.dtype).mul_(b1).add_(res_sq, alpha=1 - b1)
             _store(state, "p", pvec)
             d = pvec.sqrt().add_(eps).reciprocal_()  # Diag(p)^{-1/2}
@@ -466,8 +602,10 @@ class Alice(MatrixOptimizer):
 
 
 def _in_state_dtype(buf: Tensor, dtype: torch.dtype) -> Tensor:
-    """The state tensor itself when it already has the compute dtype (updated in place), else a
-    compute-dtype copy (bf16 states)."""
+    """The state tensor itself when it already has the compute dtype, else a compute-dtype copy.
+
+    The first is updated in place; the copy (bf16 states) is written back with :func:`_store`.
+    """
     return buf if buf.dtype == dtype else buf.to(dtype)
 
 
@@ -477,14 +615,26 @@ def _store(state: dict[str, Any], key: str, value: Tensor) -> None:
 
 
 def _col_sq_norms(G: Tensor) -> Tensor:
-    """``‖g_j‖²`` for every column, reduced along the memory-contiguous axis (``G`` is often the
-    transposed view of a weight; a strided reduction is several times slower on a CPU)."""
+    """``‖g_j‖²`` for every column, reduced along the memory-contiguous axis.
+
+    ``G`` is often the transposed view of a weight; a strided reduction is several times slower
+    on a CPU.
+    """
     if G.stride(0) == 1 and G.stride(1) != 1:
         return torch.linalg.vector_norm(G.T, dim=1).square_()
     return G.square().sum(0)  # torch's vector_norm over dim 0 of a row-major matrix is ~6× slower
 
 
 def alice0(params: Iterable[Any], **kwargs: Any) -> Alice:
-    """Alice-0: Alice without tracking (β3 = 0)."""
+    """Alice-0: Alice without tracking (β3 = 0, no ``Q̃`` stored).
+
+    Args:
+        params: Parameters or parameter groups.
+        **kwargs: Keyword arguments of :class:`Alice`; ``betas`` may give (β1, β2) (a third value
+            is ignored and set to 0).
+
+    Returns:
+        The :class:`Alice` optimizer.
+    """
     b1, b2, _ = kwargs.pop("betas", (0.9, 0.9, 0.0))
     return Alice(params, betas=(b1, b2, 0.0), **kwargs)

@@ -54,19 +54,31 @@ IMPLEMENTATIONS = ("auto", "generic", "affine")
 
 @dataclass
 class AffineHead:
-    """The weight ``(C, D)`` and optional bias ``(C,)`` of a model that is one affine map of its
-    (flattened) input; the tensors share storage with the module's parameters."""
+    """The parameters of a model that is one affine map of its (flattened) input.
+
+    The tensors share storage with the module's parameters.
+
+    Attributes:
+        weight: ``(C, D)`` weight (``nn.Linear`` layout).
+        bias: ``(C,)`` bias, or ``None`` when the layer has none (or it is frozen).
+    """
 
     weight: Tensor
     bias: Tensor | None
 
 
 def find_affine_head(model: nn.Module) -> AffineHead | None:
-    """The model's ``nn.Linear`` when the model is nothing but that layer (optionally inside an
-    ``nn.Sequential`` with ``Flatten``/``Identity`` around it); ``None`` otherwise.
+    """Find the model's ``nn.Linear`` when the model is nothing but that layer.
 
-    Any other trainable parameter means the model is not a linear head, so the generic path is
-    used. ``LinearHead`` (``curvopt.models.linear_head``) is an ``nn.Linear``.
+    The layer may sit inside an ``nn.Sequential`` with ``Flatten``/``Identity`` around it. Any
+    other trainable parameter means the model is not a linear head, so the generic path is used.
+    ``LinearHead`` (``curvopt.models.linear_head``) is an ``nn.Linear``.
+
+    Args:
+        model: The network.
+
+    Returns:
+        The layer's trainable weight and bias, or ``None`` when the model is not a linear head.
     """
     linear: nn.Linear | None = None
     if isinstance(model, nn.Linear):
@@ -105,6 +117,24 @@ def affine_fgn_direction(
     caller applies it fused into the update. ``z`` (the logits) is overwritten (it becomes ``cA``:
     no b×C temporaries). Pure tensor code (no host sync when ``early_exit=False``), so it can be
     compiled.
+
+    Args:
+        weight: ``(C, D)`` head weight (unused: the Gram needs only features and logit-space
+            vectors; kept for a uniform signature).
+        bias: The head bias or ``None`` (decides the ``+1`` bias term of the Gram).
+        h: ``(b, D)`` features.
+        z: ``(b, C)`` logits ``h Wᵀ + b``; consumed.
+        y: ``(b,)`` integer labels.
+        damping: λ (the row system is ``(K + bλI) u = r̃``).
+        tol: Relative tolerance of the row-space CG.
+        maxiter: CG iteration cap.
+        early_exit: As in :func:`~curvopt.curvature.fgn_ops.row_space_cg`.
+        clamp: Margin clamp for ``√q`` and ``r̃``.
+        gram_blocks: Row blocks of the symmetric Gram product.
+
+    Returns:
+        ``(cA, stats)``: the ``(b, C)`` tensor above and 0-d tensors ``loss``, ``cg_iters``,
+        ``cg_residual``, ``cg_breakdown``, ``xi_mean``, ``dropped_trace_mean``, ``step_norm``.
     """
     del weight  # the Gram needs only features and logit-space vectors
     b = h.shape[0]
@@ -134,15 +164,31 @@ def affine_fgn_direction(
 
 
 class FGN(AlgorithmBase):
-    """Fast Gauss-Newton step (see module docstring). Paper defaults: ``lr`` (α) 0.1, constant
-    ``damping`` (λ) 1.0, ``cg_maxiter`` 5, ``cg_tol`` 1e-5, same batch for gradient and curvature.
+    """Fast Gauss-Newton step (see module docstring), an ``Algorithm``.
 
-    ``implementation``: ``auto`` (closed form for a linear head, generic otherwise), ``generic``,
-    ``affine`` (error if the model is not a linear head). ``cg_early_exit=False`` runs all
-    ``cg_maxiter`` iterations as masked no-ops once converged (compile-friendly). ``compile``
-    wraps the closed-form solve in ``torch.compile`` (the paper timed JIT-compiled steps).
-    ``gram_blocks``: symmetric blocked Gram (see :func:`~curvopt.curvature.fgn_ops.affine_gram`);
-    ``auto`` = 4 on CPU, 1 on GPU.
+    Paper defaults: ``lr`` (α) 0.1, constant ``damping`` (λ) 1.0, ``cg_maxiter`` 5, ``cg_tol``
+    1e-5, same batch for gradient and curvature.
+
+    Args:
+        objective: A ``cross_entropy`` objective whose model returns ``(b, C)`` logits.
+        lr: Step size α (> 0).
+        damping: Constant damping λ (> 0); enters the row system as ``bλ``.
+        cg_tol: Relative tolerance ``‖r‖ ≤ tol·‖r̃‖`` of the row-space CG (``atol = 0``).
+        cg_maxiter: CG iteration cap (≥ 1); CG starts from ``u = 0`` (no warm start).
+        implementation: ``"auto"`` (closed form for a linear head, generic otherwise),
+            ``"generic"``, ``"affine"`` (error if the model is not a linear head).
+        cg_early_exit: ``False`` runs all ``cg_maxiter`` iterations as masked no-ops once
+            converged (compile-friendly, no host sync).
+        margin_clamp: ``|s|`` clamp for ``√q`` and ``r̃`` only.
+        compile: Wrap the closed-form solve in ``torch.compile`` (the paper timed JIT-compiled
+            steps).
+        gram_blocks: Symmetric blocked Gram (see :func:`~curvopt.curvature.fgn_ops.affine_gram`);
+            ``"auto"`` = 4 on CPU, 1 on GPU.
+
+    Raises:
+        ValueError: If the loss is not cross-entropy, ``lr``/``damping`` are not positive, the
+            CG settings are out of range, or ``implementation`` is unknown or ``"affine"`` for a
+            model that is not a linear head.
     """
 
     def __init__(
@@ -193,6 +239,20 @@ class FGN(AlgorithmBase):
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:
+        """One FGN update ``w ← w + α d`` on ``batch`` (gradient and curvature on the same batch).
+
+        Args:
+            batch: ``(x, y)`` with integer labels in ``[0, C)``.
+
+        Returns:
+            The logged scalars of the module docstring (``loss``, ``cg_iters``, ``cg_residual``,
+            ``cg_breakdown``, ``xi_mean``, ``dropped_trace_mean``, ``step_norm``, ``lr``,
+            ``damping``, ``implementation``).
+
+        Raises:
+            ValueError: If the batch cannot define a margin (checked before any update).
+            FloatingPointError: If the logits are not finite (no update is made).
+        """
         x, y = batch
         if self.head is not None:
             stats = self._affine_step(x, y)
@@ -280,13 +340,32 @@ class FGN(AlgorithmBase):
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The step counter (FGN carries no other state across steps).
+
+        Returns:
+            ``{"steps": int}``.
+        """
         return {"steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the step counter.
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.steps = int(state.get("steps", 0))
 
 
 def build_fgn(objective: Objective, data: DataBundle | None = None, **cfg: Any) -> FGN:
-    """Factory for the loop (``conf/optimizer/fgn.yaml``): ``build_fgn(objective, data, **cfg)``."""
+    """Factory for the loop (``conf/optimizer/fgn.yaml``).
+
+    Args:
+        objective: The model and its cross-entropy loss.
+        data: The run's data (unused: FGN uses only the mini-batch it is given).
+        **cfg: Keyword arguments of :class:`FGN`.
+
+    Returns:
+        The :class:`FGN` algorithm.
+    """
     del data  # FGN uses only the mini-batch it is given
     return FGN(objective, **cfg)

@@ -1,4 +1,6 @@
-"""Which parameters get the method and which stay on Adam (spec §7.2), and the loop factory.
+"""Which parameters get the method and which stay on Adam, and the loop factory.
+
+docs/alice.md ("Parameter grouping") describes the split.
 
 The paper's split, for LLaMA:
 
@@ -20,8 +22,9 @@ MLPs of the smoke tests) falls back to "every ``nn.Linear`` weight except the la
 last ``nn.Linear`` playing the role of ``lm_head``. Biases, norms, embeddings and any non-2-D
 parameter always go to the Adam group.
 
-Following the GaLore codebase (spec §10.5) both groups live in ONE optimizer with one base lr;
-``adam_lr`` gives the Adam group its own peak lr instead. The lr scheduler multiplies both.
+Following the GaLore codebase (a choice the paper leaves open; docs/decisions.md) both groups live
+in ONE optimizer with one base lr; ``adam_lr`` gives the Adam group its own peak lr instead. The lr
+scheduler multiplies both.
 """
 
 from __future__ import annotations
@@ -42,13 +45,24 @@ HEAD_IN_METHOD_DEFAULT = {"galore": True, "fira": True, "alice": True, "alice0":
 
 @dataclass
 class ParamSplit:
-    """Names and parameters of the method group and the Adam group."""
+    """Names and parameters of the method group and the Adam group.
+
+    Attributes:
+        method: ``(name, parameter)`` of the matrices that get the method.
+        adam: ``(name, parameter)`` of every other trainable parameter.
+        head: Qualified name of the module treated as the last layer (``None`` if none).
+    """
 
     method: list[tuple[str, nn.Parameter]]
     adam: list[tuple[str, nn.Parameter]]
     head: str | None  # qualified name of the module treated as the last layer
 
     def numel(self) -> tuple[int, int]:
+        """Parameter counts of the two groups.
+
+        Returns:
+            ``(method elements, Adam elements)``.
+        """
         return sum(p.numel() for _, p in self.method), sum(p.numel() for _, p in self.adam)
 
 
@@ -62,7 +76,18 @@ def split_params(
     target_modules: tuple[str, ...] | list[str] = ("attn", "mlp"),
     head_name: str = "lm_head",
 ) -> ParamSplit:
-    """Split ``model``'s trainable parameters into the method group and the Adam group."""
+    """Split ``model``'s trainable parameters into the method group and the Adam group.
+
+    Args:
+        model: The network.
+        lm_head_in_method: Put the last layer's weight in the method group.
+        target_modules: Substrings of ``nn.Linear`` module names whose weights get the method
+            (GaLore's rule); without any match, every ``nn.Linear`` but the last.
+        head_name: Name (or name suffix) of the last layer.
+
+    Returns:
+        The :class:`ParamSplit`.
+    """
     linears = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     heads = [name for name, _ in linears if _is_head(name, head_name)]
     targets = [
@@ -102,9 +127,26 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """One optimizer for ``model``: ``method`` on the chosen matrices, Adam on the rest.
 
-    ``hparams`` go to the method's constructor (``curvopt.optim.racs.RACS``,
-    ``curvopt.optim.alice.Alice``, ``curvopt.optim.lowrank.{galore,fira,apollo}``); list values
-    (betas) become tuples. ``method="adam"|"adamw"`` returns ``torch.optim.AdamW`` on everything.
+    Args:
+        model: The network.
+        method: One of :data:`METHODS`. ``"adam"``/``"adamw"`` return ``torch.optim.AdamW`` on
+            everything; ``"alice0"`` is Alice with ``betas[2] = 0``; ``"apollo_mini"`` is APOLLO
+            with rank 1, tensor scaling, scale 128.
+        lr: Base (peak) learning rate (required except for Adam, default 1e-3 there).
+        adam_lr: Own learning rate of the Adam group (``None``: ``lr``).
+        lm_head_in_method: Put the last layer in the method group; ``None``: the method's default
+            (:data:`HEAD_IN_METHOD_DEFAULT`).
+        target_modules: As in :func:`split_params`.
+        head_name: As in :func:`split_params`.
+        **hparams: The method's constructor arguments (``curvopt.optim.racs.RACS``,
+            ``curvopt.optim.alice.Alice``, ``curvopt.optim.lowrank.{galore,fira,apollo}``); list
+            values (betas) become tuples.
+
+    Returns:
+        The optimizer.
+
+    Raises:
+        ValueError: If ``method`` is unknown, no parameter qualifies, or ``lr`` is missing.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -151,12 +193,21 @@ def build_optimizer(
 def build_grouped(
     objective: Any, data: Any = None, method: str = "alice", **hparams: Any
 ) -> torch.optim.Optimizer:
-    """Loop factory (``_target_`` of ``conf/optimizer/{racs,alice,…}.yaml``): groups
-    ``objective.model``'s parameters and builds the optimizer.
+    """Loop factory (``_target_`` of ``conf/optimizer/{racs,alice,…}.yaml``).
 
-    It returns the ``torch.optim.Optimizer``; the loop's ``build_algorithm`` wraps it in a
-    ``TorchOptimizerAlgorithm`` together with the config's ``scheduler``, gradient
-    accumulation and DDP — the same path as a plain ``torch.optim`` target.
+    Groups ``objective.model``'s parameters and builds the optimizer. The loop's
+    ``build_algorithm`` wraps the result in a ``TorchOptimizerAlgorithm`` together with the
+    config's ``scheduler``, gradient accumulation and DDP — the same path as a plain
+    ``torch.optim`` target.
+
+    Args:
+        objective: Anything with a ``model`` attribute (an :class:`~curvopt.objective.Objective`).
+        data: The run's data (unused).
+        method: As in :func:`build_optimizer`.
+        **hparams: Remaining keyword arguments of :func:`build_optimizer`.
+
+    Returns:
+        The ``torch.optim.Optimizer``.
     """
     del data
     return build_optimizer(objective.model, method, **hparams)
@@ -165,7 +216,18 @@ def build_grouped(
 def describe(
     model: nn.Module, method: str, lm_head_in_method: bool | None = None, **kw: Any
 ) -> dict[str, Any]:
-    """Counts for records and docs: how many parameters each group holds."""
+    """Counts for records and docs: how many parameters each group holds.
+
+    Args:
+        model: The network.
+        method: The method name.
+        lm_head_in_method: As in :func:`build_optimizer`.
+        **kw: ``target_modules`` / ``head_name`` of :func:`split_params`.
+
+    Returns:
+        ``method``, ``lm_head_in_method``, ``head``, ``method_matrices``, ``method_params``,
+        ``adam_params``.
+    """
     if lm_head_in_method is None:
         lm_head_in_method = HEAD_IN_METHOD_DEFAULT.get(method, False)
     split = split_params(model, lm_head_in_method, **kw)
@@ -188,9 +250,21 @@ TABLE3_METHODS = ("adam", "galore", "fira", "apollo_mini", "apollo_svd", "racs",
 
 
 def method_state_numel(method: str, shape: tuple[int, int], rank: int = 128) -> dict[str, tuple[int, bool]]:
-    """State tensors our optimizer (or the official package) allocates for one weight matrix of
-    ``shape`` (as ``nn.Linear`` stores it): ``name -> (elements, stored in fp32 regardless of the
-    parameter dtype)``. Mirrors the constructors; the tests compare it with instantiated state."""
+    """State tensors our optimizer (or the official package) allocates for one weight matrix.
+
+    Mirrors the constructors; the tests compare it with instantiated state.
+
+    Args:
+        method: A method of :data:`TABLE3_METHODS` (or ``"adamw"``, ``"apollo"``).
+        shape: The weight's shape, as ``nn.Linear`` stores it.
+        rank: Rank of the low-rank methods.
+
+    Returns:
+        ``name -> (elements, stored in fp32 regardless of the parameter dtype)``.
+
+    Raises:
+        ValueError: If the method has no known layout.
+    """
     from curvopt.optim import lowrank
 
     if method in ("adam", "adamw"):
@@ -216,8 +290,23 @@ def method_state_numel(method: str, shape: tuple[int, int], rank: int = 128) -> 
 
 
 def paper_state_units(method: str, shape: tuple[int, int], rank: int) -> int:
-    """Spec §8.2's per-matrix state count in BF16 elements (m = smaller, n = larger side), the
-    formula that reproduces the paper's Table 3 (Alice counts Q̃ as 2r², APOLLO-Mini 2n + 2)."""
+    """Per-matrix state count in BF16 elements, the formula that reproduces the paper's Table 3.
+
+    m = smaller, n = larger side, r = min(rank, m): Adam 2mn; GaLore/Fira/APOLLO-svd 2nr + mr;
+    Alice-0 2nr + mr + n; Alice additionally 2r² for Q̃; RACS m + n + 1; APOLLO-Mini 2n + 2
+    (docs/alice.md, "Table 3 (estimated memory)").
+
+    Args:
+        method: The method name.
+        shape: The weight's shape.
+        rank: The method's rank.
+
+    Returns:
+        The number of state elements.
+
+    Raises:
+        ValueError: If the method has no formula.
+    """
     m, n = sorted(shape)
     r = min(rank, m)
     if method in ("adam", "adamw"):
@@ -243,12 +332,25 @@ def estimate_memory(
     param_bytes: int = 2,
     accounting: str = "state",
 ) -> dict[str, float]:
-    """Estimated bytes of weights + Adam states of the Adam group + the method's states of the
-    method group for a GaLore LLaMA size (spec §7.4a/§8.2), from the config alone.
+    """Estimated optimizer memory of a GaLore LLaMA size, from the config alone (Table 3).
 
-    ``accounting="state"`` sums our optimizers' own state shapes (:func:`method_state_numel`,
-    fp32 tensors at 4 bytes); ``"paper"`` uses the §8.2 formula. ``method="adam"`` puts everything
-    on Adam. Returns bytes by component and the total in GiB (the paper's "G")."""
+    Bytes of weights + Adam states of the Adam group + the method's states of the method group
+    (docs/alice.md, "Table 3 (estimated memory)").
+
+    Args:
+        size: A LLaMA size name (``"60m"``, ``"130m"``, ``"350m"``, ``"1b"``, ...).
+        method: The method; ``"adam"``/``"adamw"`` put everything on Adam.
+        lm_head_adam: Keep the last layer on Adam.
+        rank: The method's rank (default: the paper's rank for the size, else 128).
+        param_bytes: Bytes per parameter and per non-fp32 state element (2: BF16).
+        accounting: ``"state"`` sums our optimizers' own state shapes
+            (:func:`method_state_numel`, fp32 tensors at 4 bytes); ``"paper"`` uses
+            :func:`paper_state_units`.
+
+    Returns:
+        Bytes by component (``weights``, ``adam_states``, ``method_states``), ``total`` and
+        ``total_gib`` (the paper's "G").
+    """
     from curvopt.models.llama import llama_size, matrix_shapes, other_param_numel
 
     spec = llama_size(size)
@@ -281,8 +383,17 @@ def estimate_memory(
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor reachable from ``optimizer.state`` (including tensors held by the
-    official packages' projector objects), each storage counted once."""
+    """Bytes of every tensor reachable from ``optimizer.state``, each storage counted once.
+
+    Includes tensors held by the official packages' projector objects (searched up to a depth of
+    4 containers/attributes).
+
+    Args:
+        optimizer: Any ``torch.optim.Optimizer``.
+
+    Returns:
+        The number of bytes.
+    """
     seen: set[int] = set()
 
     def walk(obj: Any, depth: int = 0) -> int:

@@ -1,8 +1,8 @@
 """Martens (2010) Hessian-free optimisation with CG — the SHF-LSMR paper's baseline.
 
 Reproduces the behaviour of Martens' public MATLAB code (``nnet_train_2.m`` with
-``conjgrad_1.m``) as summarised in shared/specs/shf_lsmr.md §3.3; no code is copied. One outer
-iteration:
+``conjgrad_1.m``) as docs/shf.md ("Martens' HF-CG baseline") summarises it; no code is copied.
+One outer iteration:
 
 1. Gradient ``g`` of the objective ``F(w) = mean_i l_i(w) + ½·wc·‖w_weights‖²`` on the **full
    training set** (chunked passes), and in the same passes the diagonal empirical Fisher
@@ -55,11 +55,21 @@ CURVATURE_PRODUCTS = ("auto", "mlp", "linearize", "jvp")
 
 # -- pieces that are tested on their own --------------------------------------------------------
 def weight_mask(params: Params) -> Tensor:
-    """Flat 0/1 mask of the parameters the L2 weight cost applies to: weights (``dim ≥ 2``), not
-    biases, as spec §3.3 says. Martens' public ``nnet_train_2.m`` does *not* do this: its ``maskp``
-    is all ones (the line that zeroes the bias entries is commented out, "not masking out the
-    weight-decay for biases"), so his weight cost, preconditioner and CG damping include biases.
-    With wc = 2e-5 the difference is negligible next to λ; kept so the default path is unchanged."""
+    """Flat 0/1 mask of the parameters the L2 weight cost applies to.
+
+    Weights (``dim ≥ 2``), not biases: the weight cost this repository uses
+    (conf/optimizer/hf_cg.yaml; ambiguous-paper choices are listed in docs/decisions.md).
+    Martens' public ``nnet_train_2.m`` does *not* do this: its ``maskp`` is all ones (the line
+    that zeroes the bias entries is commented out, "not masking out the weight-decay for
+    biases"), so his weight cost, preconditioner and CG damping include biases.
+    With wc = 2e-5 the difference is negligible next to λ; kept so the default path is unchanged.
+
+    Args:
+        params: Name → tensor dict in flat order.
+
+    Returns:
+        A flat vector, 1 on entries of tensors with ``dim ≥ 2`` and 0 elsewhere.
+    """
     return torch.cat(
         [
             torch.full((p.numel(),), 1.0 if p.dim() >= 2 else 0.0, dtype=p.dtype, device=p.device)
@@ -71,8 +81,19 @@ def weight_mask(params: Params) -> Tensor:
 def update_damping(
     lam: float, rho: float, boost: float = 1.5, drop: float = 2.0 / 3.0, low: float = 0.25, high: float = 0.75
 ) -> float:
-    """Levenberg-Marquardt rule of Martens' code: ``ρ < low`` or NaN ⇒ ``λ·boost``; ``ρ > high``
-    ⇒ ``λ·drop``; otherwise unchanged."""
+    """Levenberg-Marquardt rule of Martens' code.
+
+    Args:
+        lam: Current damping λ.
+        rho: Reduction ratio ρ (may be NaN or −inf).
+        boost: Factor applied when ``ρ < low`` or ρ is NaN.
+        drop: Factor applied when ``ρ > high``.
+        low: Lower ρ threshold.
+        high: Upper ρ threshold.
+
+    Returns:
+        The new λ (unchanged for ``low ≤ ρ ≤ high``).
+    """
     if math.isnan(rho) or rho < low:
         return lam * boost
     if rho > high:
@@ -81,9 +102,11 @@ def update_damping(
 
 
 def _sequential_linear(model: nn.Module) -> bool:
-    """True if the model is an ``nn.Sequential`` whose only parameters live in ``nn.Linear``
-    layers (every other child parameter-free and elementwise in practice) — then the per-example
-    squared-gradient sums have the closed form used in :func:`gradient_moments`."""
+    """Whether the model is an ``nn.Sequential`` whose only parameters live in ``nn.Linear`` layers.
+
+    Every other child is parameter-free (and elementwise in practice); then the per-example
+    squared-gradient sums have the closed form used in :func:`gradient_moments`.
+    """
     if not isinstance(model, nn.Sequential):
         return False
     for child in model:
@@ -97,8 +120,9 @@ def _sequential_linear(model: nn.Module) -> bool:
 def _moments_sequential(
     objective: Objective, params: Params, x: Tensor, y: Tensor, want_sq: bool
 ) -> tuple[float, dict[str, Tensor], dict[str, Tensor] | None]:
-    """Sum of per-example losses, of their gradients and of their squared gradients, for an
-    ``nn.Sequential`` MLP, from one forward and one backward.
+    """Sums of per-example losses, gradients and squared gradients of an ``nn.Sequential`` MLP.
+
+    One forward and one backward.
 
     With ``a_i`` the input of a linear layer and ``δ_i = ∂l_i/∂z_i`` the gradient at its output
     (only example i's loss depends on ``z_i``), ``∇_W l_i = δ_i a_iᵀ``, so
@@ -140,8 +164,11 @@ def _moments_sequential(
 def _moments_vmap(
     objective: Objective, params: Params, x: Tensor, y: Tensor, want_sq: bool, max_elements: int
 ) -> tuple[float, dict[str, Tensor], dict[str, Tensor] | None]:
-    """Generic fallback: per-example gradients by ``vmap(grad)`` in sub-chunks of at most
-    ``max_elements`` gradient entries, summed and squared-summed on the fly."""
+    """Generic fallback of :func:`gradient_moments`: per-example gradients by ``vmap(grad)``.
+
+    Sub-chunks hold at most ``max_elements`` gradient entries, summed and squared-summed on the
+    fly.
+    """
     numel = sum(p.numel() for p in params.values())
     sub = max(1, max_elements // max(numel, 1))
 
@@ -173,10 +200,25 @@ def gradient_moments(
     want_sq: bool = True,
     max_vmap_elements: int = 1 << 25,
 ) -> tuple[float, Tensor, Tensor | None]:
-    """``(Σ_i l_i, Σ_i ∇l_i, Σ_i (∇l_i)²)`` over all rows of ``x``, flat in ``params`` order.
+    """Sums of per-example losses, gradients and squared gradients over all rows of ``x``.
 
     Processed in chunks of ``chunk`` rows so the full training set never sits in one graph; the
-    squared sums never materialise all per-example gradients (see the two helpers).
+    squared sums never materialise all per-example gradients (closed form for plain
+    ``nn.Sequential`` MLPs, chunked ``vmap(grad)`` otherwise).
+
+    Args:
+        objective: The model and its loss kind.
+        params: The point (name → tensor dict; fixes the flat order).
+        x: Inputs, example index first (e.g. the full training set).
+        y: Targets.
+        chunk: Rows per forward/backward pass.
+        want_sq: Also compute the squared-gradient sums (the empirical Fisher diagonal).
+        max_vmap_elements: Largest number of per-example gradient entries held at once by the
+            ``vmap`` fallback.
+
+    Returns:
+        ``(Σ_i l_i, Σ_i ∇l_i, Σ_i (∇l_i)²)``: a float and flat vectors in ``params`` order (the
+        last ``None`` when ``want_sq`` is false).
     """
     exact = _sequential_linear(objective.model)
     loss_sum = 0.0
@@ -199,7 +241,51 @@ def gradient_moments(
 
 
 class HFCG:
-    """Martens' Hessian-free optimiser with CG (an ``Algorithm``; see the module docstring)."""
+    """Martens' Hessian-free optimiser with CG (an ``Algorithm``; see the module docstring).
+
+    Defaults are the values of Martens' public demo code (conf/optimizer/hf_cg.yaml).
+
+    Args:
+        objective: The model and its loss (Martens: ``sigmoid_bce`` on a logistic autoencoder
+            with a linear code layer).
+        data: The run's data; ``train`` must be in memory (full-set gradient, backtracking and
+            line search).
+        initlambda: Initial damping λ, added to the chunk-mean Gauss-Newton.
+        boost: ``ρ < rho_low`` or NaN ⇒ ``λ·boost``.
+        drop: ``ρ > rho_high`` ⇒ ``λ·drop``.
+        rho_low: Lower ρ threshold.
+        rho_high: Upper ρ threshold.
+        weight_cost: L2 weight cost wc: ``½·wc·‖w_weights‖²`` on weights, not biases (see
+            :func:`weight_mask`).
+        numchunks: Number of fixed curvature chunks of the once-permuted training set, cycled in
+            order; the chunk size is the logged batch size.
+        shuffle: Permute the training cases once (with ``seed``) before chunking.
+        cg_maxiter: CG iteration cap (Martens: 250).
+        cg_miniter: CG iterations before the progress test may stop it.
+        cg_decay: Warm start ``x0 = cg_decay ·`` the previous final CG iterate.
+        cg_progress_tol: Stop when ``(φ_i − φ_{i−k})/φ_i < k·tol``,
+            ``k = max(cg_min_gap, ceil(cg_gap_ratio·i))``.
+        cg_gap_ratio: Look-back window of the progress test as a fraction of i.
+        cg_min_gap: Smallest look-back window.
+        preconditioner: ``"empirical_fisher"``: ``M = (diag EF + λ + wc·mask)^precon_exponent``;
+            ``"none"``.
+        precon_exponent: Exponent of the preconditioner (Martens: 0.75).
+        cg_backtracking: Walk the stored CG iterates back while the full-set objective decreases.
+        line_search: Armijo line search on the full training set.
+        ls_c: Armijo constant.
+        ls_factor: Rate reduction factor per line-search trial.
+        ls_max_reductions: At most this many trial rates, then the step is rejected (rate 0).
+        eval_chunk: Rows per forward/backward in full-training-set passes.
+        curvature_products: How the Gauss-Newton products are computed: ``"auto"`` (hand-written
+            cached MLP products for a plain MLP, else ``"linearize"``), ``"mlp"``,
+            ``"linearize"`` (``torch.func.linearize`` + a kept VJP graph) or ``"jvp"``
+            (recompute the forward in every product; least memory).
+        seed: Seed of the one-time permutation of the training cases.
+
+    Raises:
+        ValueError: On an unknown choice string, a streamed training set, or sizes below 1 /
+            more chunks than examples.
+    """
 
     def __init__(
         self,
@@ -284,9 +370,19 @@ class HFCG:
         return torch.tensor_split(self.perm, self.cfg["numchunks"])[c]
 
     def next_batch_size(self) -> int | None:
+        """The size of the next curvature chunk (so the loop logs the curvature batch size).
+
+        Returns:
+            The number of examples in the current chunk.
+        """
         return int(self._chunk_indices(self.chunk_index).numel())
 
     def state_dict(self) -> dict[str, Any]:
+        """Damping, chunk position, iteration, the last CG solution and the permutation.
+
+        Returns:
+            A dict accepted by :meth:`load_state_dict`.
+        """
         return {
             "lam": self.lam,
             "chunk_index": self.chunk_index,
@@ -296,6 +392,11 @@ class HFCG:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict` (tensors moved to the data's device).
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.lam = float(state["lam"])
         self.chunk_index = int(state["chunk_index"])
         self.iteration = int(state["iteration"])
@@ -330,8 +431,10 @@ class HFCG:
         return value if math.isfinite(value) else math.inf
 
     def _ggn_operator(self, params: Params, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
-        """Flat ``v ↦ G v`` for the mean loss on the chunk: ``(1/n) Jᵀ H_out J v`` (no damping, no
-        weight cost), built once per outer iteration and reused by every CG product.
+        """Flat ``v ↦ G v = (1/n) Jᵀ H_out J v`` for the mean loss on the chunk.
+
+        No damping, no weight cost; built once per outer iteration and reused by every CG
+        product.
 
         ``mlp`` (``auto`` picks it for plain ``nn.Sequential`` MLPs): the hand-written cached
         J/Jᵀ products of :class:`~curvopt.curvature.mlp_gn.MLPGaussNewton` (the network Jacobian
@@ -372,6 +475,16 @@ class HFCG:
 
     # -- one outer iteration -----------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:  # noqa: C901 - Martens' outer iteration, in order
+        """One outer iteration (module docstring, steps 1–6); the model holds the new weights after.
+
+        Args:
+            batch: Ignored: HF-CG reads ``data.train`` (full-set gradient, its own chunks).
+
+        Returns:
+            Logged scalars: ``loss`` (full-set mean loss before the step), ``objective`` (with the
+            weight cost), ``objective_after``, ``damping``, ``inner_iters``, ``inner_stop``,
+            ``rho``, ``step_length``, ``accepted``, the chunk index and size, timings, ...
+        """
         del batch  # HF-CG works on data.train: full-set gradient, its own curvature chunks
         cfg = self.cfg
         wc = cfg["weight_cost"]
@@ -507,5 +620,14 @@ class HFCG:
 
 
 def build_hf_cg(objective: Objective, data: DataBundle, **cfg: Any) -> HFCG:
-    """Factory the loop calls (``conf/optimizer/hf_cg.yaml``)."""
+    """Factory the loop calls (``conf/optimizer/hf_cg.yaml``).
+
+    Args:
+        objective: The model and its loss.
+        data: The run's data bundle.
+        **cfg: Keyword arguments of :class:`HFCG`.
+
+    Returns:
+        The :class:`HFCG` algorithm.
+    """
     return HFCG(objective, data, **cfg)

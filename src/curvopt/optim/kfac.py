@@ -1,5 +1,7 @@
-"""K-FAC (Martens & Grosse 2015; KFC for convolutions, Grosse & Martens 2016), the second-order
-baseline of the FOSI paper, modelled on the behaviour of ``kfac_jax.Optimizer`` that the authors ran.
+"""K-FAC (Martens & Grosse 2015; KFC for convolutions, Grosse & Martens 2016).
+
+The second-order baseline of the FOSI paper, modelled on the behaviour of ``kfac_jax.Optimizer``
+that the authors ran.
 
 Why our own: no maintained PyTorch package offers kfac-jax's update (adaptive learning rate and
 momentum from a quadratic model, Levenberg–Marquardt damping); see docs/fosi_tasks.md.
@@ -80,8 +82,21 @@ def _conv_supported(m: nn.Module) -> bool:
 
 
 def convT_as_conv_input(x: Tensor, m: nn.ConvTranspose2d) -> Tensor:
-    """Zero-dilate and pad the input of a transposed convolution so that a stride-1 convolution with
-    :func:`convT_equivalent_weight` gives the same output."""
+    """Zero-dilate and pad the input of a transposed convolution.
+
+    A stride-1 convolution of the result with :func:`convT_equivalent_weight` gives the same
+    output as the transposed convolution.
+
+    Args:
+        x: ``(B, C_in, H, W)`` input of the transposed convolution.
+        m: The transposed convolution (groups 1, dilation 1).
+
+    Returns:
+        The dilated and padded input.
+
+    Raises:
+        ValueError: If the layer's padding exceeds ``kernel_size − 1``.
+    """
     b, c, h, w = x.shape
     sh, sw = m.stride
     kh, kw = m.kernel_size
@@ -97,7 +112,14 @@ def convT_as_conv_input(x: Tensor, m: nn.ConvTranspose2d) -> Tensor:
 
 
 def convT_equivalent_weight(weight: Tensor) -> Tensor:
-    """(in, out, kh, kw) transposed-conv kernel → (out, in, kh, kw) kernel of the equivalent conv."""
+    """Kernel of the stride-1 convolution equivalent to a transposed convolution.
+
+    Args:
+        weight: ``(in, out, kh, kw)`` transposed-convolution kernel.
+
+    Returns:
+        The flipped, transposed ``(out, in, kh, kw)`` kernel.
+    """
     return weight.flip(2, 3).transpose(0, 1)
 
 
@@ -112,7 +134,22 @@ def _restore_buffers(model: nn.Module, saved: dict[str, Tensor]) -> None:
 
 
 def sample_targets(outputs: Tensor, kind: str, targets: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Targets drawn from the model's predictive distribution at ``outputs``."""
+    """Targets drawn from the model's predictive distribution at ``outputs``.
+
+    Categorical for cross-entropy, Bernoulli for sigmoid BCE, ``N(out, I)`` for squared error.
+
+    Args:
+        outputs: Model outputs (logits for the cross-entropies).
+        kind: The loss kind.
+        targets: The true targets; ignored cross-entropy positions (``-100``) are kept.
+        generator: Random generator for the draws.
+
+    Returns:
+        Sampled targets of the loss kind's target shape.
+
+    Raises:
+        ValueError: If ``kind`` is unknown.
+    """
     out = outputs.detach()
     if kind == "cross_entropy":
         probs = torch.softmax(out.reshape(-1, out.shape[-1]).float(), dim=-1)
@@ -129,6 +166,44 @@ def sample_targets(outputs: Tensor, kind: str, targets: Tensor, generator: torch
 
 
 class KFAC(AlgorithmBase):
+    """K-FAC with kfac-jax's adaptive learning rate, momentum and damping (an ``Algorithm``).
+
+    See the module docstring for the blocks, the factor estimation and the update.
+
+    Args:
+        objective: The model and its loss kind.
+        lr: Fixed coefficient α of the preconditioned direction, or ``"adaptive"`` (chosen by
+            minimising the quadratic model).
+        momentum: Fixed coefficient μ of the previous update, or ``"adaptive"``.
+        damping: Initial damping λ (> 0), used for the factored Tikhonov damping and the
+            quadratic model.
+        adaptive_damping: Re-fit λ from ρ every ``damping_adaptation_interval`` steps.
+        damping_adaptation_interval: Steps between damping updates.
+        damping_adaptation_decay: Per-step decay; λ is multiplied or divided by
+            ``ω = decay^interval``.
+        damping_lower_threshold: ρ below which λ is raised (``λ/ω``).
+        damping_upper_threshold: ρ above which λ is lowered (``λ·ω``).
+        min_damping: Lower bound on λ.
+        max_damping: Upper bound on λ.
+        include_damping_in_quad_change: Include the damping term in the model change q(δ) used
+            for ρ.
+        curvature_ema: EMA decay of the Kronecker factors, in ``[0, 1)``.
+        curvature_update_period: Steps between factor updates.
+        inverse_update_period: Steps between factor inversions.
+        estimation: ``"fisher_gradients"`` (targets sampled from the model) or ``"empirical"``
+            (true targets).
+        l2_reg: L2 regularisation added to the gradient (and to the damping).
+        uncovered: What to do with parameters outside Linear/Conv2d/ConvTranspose2d layers:
+            ``"error"`` or ``"diagonal"`` (a diagonal Fisher).
+        clip_grad_value: Element-wise gradient clipping before preconditioning (``None``: off).
+        seed: Seed of the target sampling.
+
+    Raises:
+        ValueError: On an unknown ``estimation``/``uncovered``, a non-numeric ``lr``/``momentum``
+            other than ``"adaptive"``, a non-positive damping or an EMA outside ``[0, 1)``.
+        NotImplementedError: If ``uncovered="error"`` and some parameter has no block.
+    """
+
     def __init__(
         self,
         objective: Objective,
@@ -314,7 +389,14 @@ class KFAC(AlgorithmBase):
         return [w] + ([mat[:, -1].reshape(b.params[1].shape)] if b.has_bias else [])
 
     def precondition(self, grads: list[Tensor]) -> list[Tensor]:
-        """F̂⁻¹ g for gradients listed in ``self.params`` order (block-diagonal, damped)."""
+        """Apply the damped block-diagonal inverse ``F̂⁻¹`` to a gradient.
+
+        Args:
+            grads: Gradients listed in ``self.params`` order.
+
+        Returns:
+            ``F̂⁻¹ g`` in the same order and shapes.
+        """
         index = {id(p): i for i, p in enumerate(self.params)}
         out: list[Tensor | None] = [None] * len(self.params)
         lam = self.damping + self.l2_reg
@@ -344,8 +426,10 @@ class KFAC(AlgorithmBase):
     def _coefficients(
         self, grads: list[Tensor], vectors: list[list[Tensor]], curv: list[list[Tensor]]
     ) -> tuple[list[float], float]:
-        """Coefficients of ``vectors`` (fixed ones from lr/momentum, the rest minimising the damped
-        quadratic model) and the model change q(δ) used for ρ."""
+        """Coefficients of ``vectors`` and the model change q(δ) used for ρ.
+
+        Fixed coefficients come from lr/momentum; the rest minimise the damped quadratic model.
+        """
         n = len(vectors)
         lam = self.damping + self.l2_reg
         M = torch.zeros(n, n, dtype=torch.float64)
@@ -373,6 +457,15 @@ class KFAC(AlgorithmBase):
 
     # -- the step --------------------------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:
+        """One K-FAC update on ``batch`` (factors, inverses, coefficients, damping as scheduled).
+
+        Args:
+            batch: ``(x, y)``.
+
+        Returns:
+            ``loss`` (before the step), ``damping`` (used), ``lr_coeff``, ``momentum_coeff``,
+            ``qmodel`` (q(δ); NaN with fixed coefficients) and, on damping-update steps, ``rho``.
+        """
         x, y = batch
         obj, model = self.objective, self.objective.model
         kind = obj.loss_kind
@@ -448,6 +541,11 @@ class KFAC(AlgorithmBase):
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Step count, damping, velocity, RNG state and every block's factors and inverses.
+
+        Returns:
+            A dict accepted by :meth:`load_state_dict`.
+        """
         return {
             "step_count": self.step_count,
             "damping": self.damping,
@@ -460,6 +558,11 @@ class KFAC(AlgorithmBase):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict` (same model, same blocks).
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.step_count = state["step_count"]
         self.damping = state["damping"]
         self.velocity = state["velocity"]
@@ -469,6 +572,15 @@ class KFAC(AlgorithmBase):
 
 
 def build_kfac(objective: Objective, data: DataBundle, **options: Any) -> KFAC:
-    """Factory for ``conf/optimizer/kfac.yaml`` (the loop passes the objective and data)."""
+    """Factory for ``conf/optimizer/kfac.yaml`` (the loop passes the objective and data).
+
+    Args:
+        objective: The model and its loss kind.
+        data: The run's data (unused).
+        **options: Keyword arguments of :class:`KFAC`.
+
+    Returns:
+        The :class:`KFAC` algorithm.
+    """
     del data
     return KFAC(objective, **options)

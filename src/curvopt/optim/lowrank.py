@@ -1,6 +1,7 @@
 """GaLore, Fira and APOLLO baselines: the official PyPI packages behind our configs.
 
-The paper ran "the official GaLore and Fira code" (spec §6), so we do too rather than re-derive
+The paper ran "the official GaLore and Fira code" (docs/alice.md, "Flags and [DECIDE] choices":
+Baselines), so we do too rather than re-derive
 them: ``galore-torch`` 1.0 (``GaLoreAdamW``), ``fira`` 1.0.2 (``FiraAdamW``) and ``apollo-torch``
 1.0.3 (``APOLLOAdamW``, cited-only in the paper; run here for completeness). All three install
 with torch 2.13.0 (CPU) and import cleanly; ``galore-torch`` and ``apollo-torch`` import
@@ -10,7 +11,7 @@ with torch 2.13.0 (CPU) and import cleanly; ``galore-torch`` and ``apollo-torch`
 Each package takes the GaLore-style parameter groups built by
 :mod:`curvopt.optim.grouping`: one plain group (their own bias-corrected AdamW, ε = 1e-6) and one
 group whose parameters carry the projection keys. What their code does, which the paper's
-comparison inherits (spec §6, §10.19):
+comparison inherits (quirks kept; docs/alice.md, docs/decisions.md):
 
 * **GaLore** (Alg. 8): every ``update_proj_gap`` steps (at 0-based step 0, 200, …) the top-r
   singular vectors of the current gradient on the smaller side; Adam with bias correction on
@@ -43,7 +44,17 @@ PACKAGES = {
 
 
 def official_class(method: str) -> type[torch.optim.Optimizer]:
-    """The upstream optimizer class, or an ImportError that says what to install."""
+    """Import the upstream optimizer class of a baseline.
+
+    Args:
+        method: ``"galore"``, ``"fira"`` or ``"apollo"`` (any name starting with ``apollo``).
+
+    Returns:
+        ``GaLoreAdamW``, ``FiraAdamW`` or ``APOLLOAdamW``.
+
+    Raises:
+        ImportError: If the package is missing; the message says what to install.
+    """
     key = "apollo" if method.startswith("apollo") else method
     module, attr, dist = PACKAGES[key]
     try:
@@ -59,6 +70,14 @@ def official_class(method: str) -> type[torch.optim.Optimizer]:
 
 
 def official_available(method: str) -> bool:
+    """Whether the official package of a baseline can be imported.
+
+    Args:
+        method: As in :func:`official_class`.
+
+    Returns:
+        ``True`` when :func:`official_class` succeeds.
+    """
     try:
         official_class(method)
     except ImportError:
@@ -72,8 +91,11 @@ def _two_groups(
     adam_lr: float | None,
     **method_options: Any,
 ) -> list[dict[str, Any]]:
-    """The §7.2 grouping as the official packages take it: an Adam group (optionally with its own lr)
-    and a group carrying the projection options; empty groups are dropped."""
+    """The parameter grouping (docs/alice.md, "Parameter grouping") as the official packages take it.
+
+    An Adam group (optionally with its own lr) and a group carrying the projection options; empty
+    groups are dropped.
+    """
     groups = [
         {"params": list(adam_params), **({"lr": adam_lr} if adam_lr is not None else {})},
         {"params": list(method_params), **method_options},
@@ -94,7 +116,27 @@ def galore(
     weight_decay: float = 0.0,
     adam_lr: float | None = None,
 ) -> torch.optim.Optimizer:
-    """Official ``GaLoreAdamW`` (Table 7: lr 0.02, scale 0.3, rank 128/256/256/512, gap 200)."""
+    """Official ``GaLoreAdamW`` (Table 7: lr 0.02, scale 0.3, rank 128/256/256/512, gap 200).
+
+    Args:
+        adam_params: Parameters of the plain (AdamW) group.
+        method_params: 2-D weights that get the projected update.
+        lr: Base learning rate of both groups.
+        rank: Projection rank r.
+        update_proj_gap: Steps between SVD refreshes of the projection.
+        scale: GaLore's update scale.
+        proj_type: The package's projection side option (``"std"``: the smaller side).
+        betas: AdamW betas.
+        eps: AdamW ε.
+        weight_decay: Decoupled weight decay.
+        adam_lr: Own learning rate for the plain group (``None``: ``lr``).
+
+    Returns:
+        The optimizer.
+
+    Raises:
+        ImportError: If ``galore-torch`` is not installed.
+    """
     cls = official_class("galore")
     groups = _two_groups(
         adam_params,
@@ -123,7 +165,27 @@ def fira(
     weight_decay: float = 0.0,
     adam_lr: float | None = None,
 ) -> torch.optim.Optimizer:
-    """Official ``FiraAdamW`` (Table 7 values; ``alpha`` is Fira's name for GaLore's scale)."""
+    """Official ``FiraAdamW`` (Table 7 values; ``alpha`` is Fira's name for GaLore's scale).
+
+    Args:
+        adam_params: Parameters of the plain (AdamW) group.
+        method_params: 2-D weights that get the projected update.
+        lr: Base learning rate of both groups.
+        rank: Projection rank r.
+        update_proj_gap: Steps between SVD refreshes of the projection.
+        alpha: Update scale (GaLore's ``scale``).
+        proj_type: The package's projection side option.
+        betas: AdamW betas.
+        eps: AdamW ε.
+        weight_decay: Decoupled weight decay.
+        adam_lr: Own learning rate for the plain group (``None``: ``lr``).
+
+    Returns:
+        The optimizer.
+
+    Raises:
+        ImportError: If ``fira`` is not installed.
+    """
     cls = official_class("fira")
     groups = _two_groups(
         adam_params,
@@ -156,8 +218,34 @@ def apollo(
     disable_nl: bool = False,
     adam_lr: float | None = None,
 ) -> torch.optim.Optimizer:
-    """Official ``APOLLOAdamW``. APOLLO: rank ≈ h/4, channel, random, scale 1; APOLLO-Mini: rank 1,
-    tensor, random, scale 128; APOLLO-svd: ``proj="svd"``, channel."""
+    """Official ``APOLLOAdamW``.
+
+    APOLLO: rank ≈ h/4, channel, random, scale 1; APOLLO-Mini: rank 1, tensor, random, scale 128;
+    APOLLO-svd: ``proj="svd"``, channel.
+
+    Args:
+        adam_params: Parameters of the plain (AdamW) group.
+        method_params: 2-D weights that get the projected update.
+        lr: Base learning rate of both groups.
+        rank: Projection rank r.
+        update_proj_gap: Steps between projection refreshes.
+        scale: Update scale.
+        proj: ``"random"`` (Gaussian) or ``"svd"`` projection.
+        scale_type: ``"channel"`` or ``"tensor"`` (APOLLO-Mini) gradient scaling.
+        proj_type: The package's projection side option.
+        betas: AdamW betas.
+        eps: AdamW ε.
+        weight_decay: Decoupled weight decay.
+        scale_front: The package's ``scale_front`` option.
+        disable_nl: The package's ``disable_nl`` option (norm-growth limiter off).
+        adam_lr: Own learning rate for the plain group (``None``: ``lr``).
+
+    Returns:
+        The optimizer.
+
+    Raises:
+        ImportError: If ``apollo-torch`` is not installed.
+    """
     cls = official_class("apollo")
     groups = _two_groups(
         adam_params,
@@ -182,19 +270,51 @@ def apollo(
 
 
 def projected_state_numel(shape: tuple[int, int], rank: int, **_: Any) -> dict[str, int]:
-    """State of GaLore/Fira/APOLLO(-svd) for a weight of ``shape``: the projection (smaller side ×
-    r), Adam's two moments (r × larger side); the official SVD keeps at most min(m, n) vectors."""
+    """State of GaLore/Fira/APOLLO(-svd) for one weight matrix.
+
+    The projection (smaller side × r) and Adam's two moments (r × larger side); the official SVD
+    keeps at most min(m, n) vectors.
+
+    Args:
+        shape: The weight's shape.
+        rank: Projection rank r.
+        **_: Ignored (uniform signature with the other layouts).
+
+    Returns:
+        Elements per state tensor: ``projection``, ``exp_avg``, ``exp_avg_sq``.
+    """
     m, n = sorted(shape)
     r = min(int(rank), m)
     return {"projection": m * r, "exp_avg": r * n, "exp_avg_sq": r * n}
 
 
 def fira_state_numel(shape: tuple[int, int], rank: int, **kw: Any) -> dict[str, int]:
+    """State of Fira for one weight matrix: GaLore's plus the limiter's previous norm.
+
+    Args:
+        shape: The weight's shape.
+        rank: Projection rank r.
+        **kw: Passed to :func:`projected_state_numel`.
+
+    Returns:
+        Elements per state tensor.
+    """
     return {**projected_state_numel(shape, rank, **kw), "limiter_norm": 1}
 
 
 def apollo_state_numel(shape: tuple[int, int], rank: int, **kw: Any) -> dict[str, int]:
-    """APOLLO as the package stores it: the random matrix is kept (m×r), plus the limiter norm."""
+    """State of APOLLO for one weight matrix, as the package stores it.
+
+    The random matrix is kept (m×r), plus the limiter norm.
+
+    Args:
+        shape: The weight's shape.
+        rank: Projection rank r (not capped: a random projection can have any rank).
+        **kw: Ignored.
+
+    Returns:
+        Elements per state tensor.
+    """
     m, n = sorted(shape)
     r = int(rank)  # a random projection can have any rank
     return {"projection": m * r, "exp_avg": r * n, "exp_avg_sq": r * n, "limiter_norm": 1}

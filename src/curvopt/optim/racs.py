@@ -1,4 +1,4 @@
-"""RACS — Row-And-Column-Scaled SGD (Gong et al., Algorithm 1; spec §3).
+"""RACS — Row-And-Column-Scaled SGD (Gong et al., Algorithm 1; docs/alice.md).
 
 RACS fits the structured Fisher ``S ⊗ Q`` (both positive diagonal) to ``E[g gᵀ]``. The optimum
 (Prop. 3) is the principal singular-vector pair of ``P = E[G ⊙ G]``, reached by the fixed point
@@ -9,7 +9,8 @@ near rank one the entries are ≈ ±1 (Adam-like) at the cost of only ``m + n + 
 What the paper fixes (and this file follows literally):
 
 * 5 fixed-point iterations per step on the 1-sample estimate ``P = G_t ⊙ G_t``, ``q`` started at 1
-  every step (``warm_start=False``; spec §10.8 — ``True`` starts from the previous EMA of q);
+  every step (``warm_start=False``, a choice the paper leaves open, docs/decisions.md — ``True``
+  starts from the previous EMA of q);
 * EMAs of ``s`` and ``q`` with ``β`` from zero, **no bias correction** (the first update is ≈10×
   the steady-state size; it falls in warmup, where the lr is ≈ 0);
 * Fira's norm-growth limiter on the scaled gradient (``γ = 1.01``, Frobenius norm);
@@ -18,7 +19,8 @@ What the paper fixes (and this file follows literally):
 
 This module also holds :class:`MatrixOptimizer`, the base shared with Alice: one
 ``torch.optim.Optimizer`` whose groups either run the matrix method or, with ``adam=True``, plain
-bias-corrected Adam (GaLore's one-optimizer convention, spec §10.5). Non-2-D parameters in a
+bias-corrected Adam (GaLore's one-optimizer convention; docs/alice.md, "Parameter grouping").
+Non-2-D parameters in a
 method group are rejected with a message — never silently reshaped.
 """
 
@@ -42,6 +44,18 @@ _DTYPES = {
 
 
 def as_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    """Resolve a dtype given by name (configs) or as a ``torch.dtype``.
+
+    Args:
+        value: ``"float32"``, ``"float64"``, ``"bfloat16"``, ``"float16"``, a ``torch.dtype`` or
+            ``None``.
+
+    Returns:
+        The ``torch.dtype`` (``None`` stays ``None``).
+
+    Raises:
+        ValueError: If the name is unknown.
+    """
     if value is None or isinstance(value, torch.dtype):
         return value
     if value not in _DTYPES:
@@ -50,13 +64,31 @@ def as_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
 
 
 def compute_dtype(param: Tensor) -> torch.dtype:
-    """Matrix algebra (QR, EVD, fixed point) runs in fp32 for bf16/fp16/fp32 params (``torch.linalg``
-    has no bf16), and in fp64 for fp64 params (the dense reference tests)."""
+    """The dtype the matrix algebra (QR, EVD, fixed point) of a parameter runs in.
+
+    fp32 for bf16/fp16/fp32 params (``torch.linalg`` has no bf16), fp64 for fp64 params (the
+    dense reference tests).
+
+    Args:
+        param: The parameter.
+
+    Returns:
+        ``torch.float64`` or ``torch.float32``.
+    """
     return torch.float64 if param.dtype == torch.float64 else torch.float32
 
 
 def check_finite_nonneg(owner: str, name: str, value: Any) -> None:
-    """``value`` must be a finite number >= 0 (NaN, inf and negatives are refused)."""
+    """Check a hyperparameter is a finite number >= 0 (NaN, inf, negatives and bools are refused).
+
+    Args:
+        owner: Optimizer name for the message.
+        name: Hyperparameter name for the message.
+        value: The value to check.
+
+    Raises:
+        ValueError: If the check fails.
+    """
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
@@ -66,9 +98,20 @@ def check_finite_nonneg(owner: str, name: str, value: Any) -> None:
 
 
 def limiter_eta(norm: Tensor, phi: Tensor, gamma: float) -> Tensor:
-    """Fira's norm-growth limiter: ``η = γ / max(‖X‖/φ, γ)`` when a previous norm ``φ > 0`` exists,
-    else 1. Kept on-device (no host sync). ``φ = 0`` happens only before the first update or after
-    an all-zero gradient; the literal formula would then give η = 0, we take η = 1."""
+    """Fira's norm-growth limiter factor ``η = γ / max(‖X‖/φ, γ)``.
+
+    Applies when a previous norm ``φ > 0`` exists, else η = 1. Kept on-device (no host sync).
+    ``φ = 0`` happens only before the first update or after an all-zero gradient; the literal
+    formula would then give η = 0, we take η = 1.
+
+    Args:
+        norm: ``‖X‖`` of the current update (0-d tensor).
+        phi: The previous limited norm φ (0-d tensor).
+        gamma: Growth threshold γ (≥ 1).
+
+    Returns:
+        η as a 0-d tensor; the limited update is ``η·X``.
+    """
     ratio = norm / phi.clamp_min(torch.finfo(phi.dtype).tiny)
     eta = gamma / torch.clamp(ratio, min=gamma)
     return torch.where(phi > 0, eta, torch.ones_like(eta))
@@ -80,6 +123,16 @@ class MatrixOptimizer(torch.optim.Optimizer):
     A parameter group with ``adam=True`` gets Adam (bias-corrected, ``adam_betas``, ``adam_eps``);
     any other group runs :meth:`_matrix_update` on each of its (2-D) parameters. ``weight_decay``
     is decoupled (``p ← p − lr·wd·p``) and 0 by default (the paper uses none).
+
+    Args:
+        params: Parameters or parameter groups, as for any ``torch.optim.Optimizer``.
+        defaults: The subclass's group defaults; ``adam`` (False), ``adam_betas``
+            ((0.9, 0.999)), ``adam_eps`` (1e-8), ``weight_decay`` (0) and ``state_dtype``
+            (``None``: the parameter's dtype) are filled in when missing.
+
+    Raises:
+        ValueError: If a group has an invalid lr/weight decay/Adam setting, or a non-Adam group
+            holds a parameter that is not 2-D.
     """
 
     method_name = "matrix"
@@ -96,6 +149,14 @@ class MatrixOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group, validating its settings (and, for method groups, that every parameter is 2-D).
+
+        Args:
+            param_group: A dict with ``params`` and optional per-group settings.
+
+        Raises:
+            ValueError: On an invalid setting or a non-2-D parameter in a method group.
+        """
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         name = type(self).__name__
@@ -122,9 +183,15 @@ class MatrixOptimizer(torch.optim.Optimizer):
         """Check the method's hyperparameters (subclasses)."""
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """``torch.optim.Optimizer.load_state_dict`` casts every floating state tensor to its
-        parameter's dtype; keep the dtypes that were saved instead (Alice's fp32 ``Q̃`` and the fp32
-        limiter norms of bf16 parameters), so a resumed run takes exactly the same next step."""
+        """Load a state dict, keeping the saved dtypes of the state tensors.
+
+        ``torch.optim.Optimizer.load_state_dict`` casts every floating state tensor to its
+        parameter's dtype; this keeps the dtypes that were saved instead (Alice's fp32 ``Q̃`` and the
+        fp32 limiter norms of bf16 parameters), so a resumed run takes exactly the same next step.
+
+        Args:
+            state_dict: A dict returned by :meth:`state_dict`.
+        """
         saved = {
             pid: {k: v for k, v in st.items() if isinstance(v, Tensor)}
             for pid, st in state_dict["state"].items()
@@ -141,15 +208,16 @@ class MatrixOptimizer(torch.optim.Optimizer):
                     st[key] = value.to(device=p.device, copy=True)  # the saved values, not a round trip
 
     def _state_dtype(self, p: Tensor, group: dict[str, Any]) -> torch.dtype:
-        """Dtype of the stored state: the parameter's (the paper keeps BF16 states) unless
-        ``state_dtype`` is set."""
+        """Dtype of the stored state: the parameter's (the paper keeps BF16 states) or ``state_dtype``."""
         return group["state_dtype"] or p.dtype
 
     def _check_finite_gradients(self) -> None:
-        """Raise :class:`NonFiniteError` before anything changes when a gradient holds a NaN or
-        an inf. NaN and inf survive a sum, so one sum per gradient and one host sync per step
-        (~2 % of a RACS step on a CPU) clear the usual case; only a non-finite sum (or an
-        overflowing one) pays for the exact element-wise check."""
+        """Raise :class:`NonFiniteError` before anything changes when a gradient holds a NaN or an inf.
+
+        NaN and inf survive a sum, so one sum per gradient and one host sync per step (~2 % of a
+        RACS step on a CPU) clear the usual case; only a non-finite sum (or an overflowing one)
+        pays for the exact element-wise check.
+        """
         params = [
             p
             for group in self.param_groups
@@ -174,6 +242,18 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        """One update of every parameter that has a gradient.
+
+        Args:
+            closure: Optional callable that re-evaluates the loss (with gradients enabled).
+
+        Returns:
+            The closure's loss, or ``None``.
+
+        Raises:
+            NonFiniteError: If a gradient holds NaN/inf (nothing is changed).
+            RuntimeError: On a sparse gradient.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -218,11 +298,19 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
 
 def racs_fixed_point(P: Tensor, n_iter: int = 5, q0: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Eq. 16 on ``P = E[G⊙G]`` (m×n, non-negative): ``s = Pᵀq/‖q‖²``, then ``q = P s/‖s‖²``,
-    ``n_iter`` times from ``q0`` (default all ones). Returns ``(s, q)`` (n- and m-vectors).
+    """The RACS fixed point (the paper's Eq. 16) on ``P = E[G⊙G]``.
 
-    This is alternating power iteration, so ``s``, ``q`` tend to the right/left principal singular
-    vectors of ``P`` (up to scale); for a rank-one ``P = a bᵀ`` one iteration is exact.
+    ``s = Pᵀq/‖q‖²``, then ``q = P s/‖s‖²``, ``n_iter`` times. This is alternating power
+    iteration, so ``s``, ``q`` tend to the right/left principal singular vectors of ``P`` (up to
+    scale); for a rank-one ``P = a bᵀ`` one iteration is exact.
+
+    Args:
+        P: Non-negative m×n matrix.
+        n_iter: Number of iterations.
+        q0: Starting m-vector (default all ones).
+
+    Returns:
+        ``(s, q)``, an n- and an m-vector.
     """
     m, n = P.shape
     q = torch.ones(m, dtype=P.dtype, device=P.device) if q0 is None else q0.to(P.dtype)
@@ -237,18 +325,25 @@ def racs_fixed_point(P: Tensor, n_iter: int = 5, q0: Tensor | None = None) -> tu
 class RACS(MatrixOptimizer):
     """Row-and-column-scaled SGD (Algorithm 1). See the module docstring.
 
-    Args:
-        lr: the scheduled learning rate λ (Table 9: 0.02).
-        beta: EMA decay of ``s`` and ``q`` (0.9); ``beta=0`` is the "RACS without EMA" ablation.
-        alpha: update scale α (0.05; 0.02 at 1.3B). The step is ``λ·α·η·G̃``.
-        gamma: limiter threshold γ (1.01); ``limiter=False`` switches the limiter off.
-        n_iter: fixed-point iterations per step (5).
-        warm_start: start the fixed point from the previous EMA of ``q`` instead of ones.
-        eps: floor on ``s`` and ``q`` before the square root (1e-30, fp32).
-        adam_*: settings of groups with ``adam=True``.
-        state_dtype: dtype of ``s``, ``q`` (default: the parameter's).
-
     State per matrix: ``s`` (n), ``q`` (m), ``phi`` (1) and the step count.
+
+    Args:
+        params: Parameters or parameter groups; non-Adam groups must hold 2-D matrices only.
+        lr: The scheduled learning rate λ (Table 9: 0.02).
+        beta: EMA decay of ``s`` and ``q`` (0.9); ``beta=0`` is the "RACS without EMA" ablation.
+        alpha: Update scale α (0.05; 0.02 at 1.3B). The step is ``λ·α·η·G̃``.
+        gamma: Limiter threshold γ (1.01).
+        n_iter: Fixed-point iterations per step (5).
+        warm_start: Start the fixed point from the previous EMA of ``q`` instead of ones.
+        limiter: Apply Fira's norm-growth limiter (``False`` switches it off).
+        eps: Floor on ``s`` and ``q`` before the square root (1e-30, fp32).
+        adam_betas: Adam betas of groups with ``adam=True``.
+        adam_eps: Adam ε of groups with ``adam=True``.
+        weight_decay: Decoupled weight decay (the paper uses none).
+        state_dtype: Dtype of ``s``, ``q`` (default: the parameter's).
+
+    Raises:
+        ValueError: On an out-of-range hyperparameter or a non-2-D parameter in a method group.
     """
 
     method_name = "racs"
@@ -300,7 +395,15 @@ class RACS(MatrixOptimizer):
 
     @staticmethod
     def state_numel(shape: tuple[int, int], **hparams: Any) -> dict[str, int]:
-        """Elements of each state tensor for a weight of ``shape`` (``phi`` is one fp32 scalar)."""
+        """Elements of each state tensor for one weight matrix.
+
+        Args:
+            shape: The weight's ``(m, n)`` shape.
+            **hparams: Ignored (uniform signature with Alice).
+
+        Returns:
+            ``{"s": n, "q": m, "phi": 1}`` (``phi`` is one fp32 scalar).
+        """
         del hparams
         m, n = shape
         return {"s": n, "q": m, "phi": 1}

@@ -1,11 +1,12 @@
-"""SGN: stochastic (generalised) Gauss-Newton with the full softmax GGN (Gargiani et al. 2020),
-the FGN paper's second-order baseline.
+"""SGN: stochastic (generalised) Gauss-Newton with the full softmax GGN (Gargiani et al. 2020).
+
+SGN is the FGN paper's second-order baseline.
 
 One step on a batch of ``b`` examples solves the damped system
 ``(H_GGN + λI) d = −g`` with ``H_GGN = (1/b) Σ_i J_iᵀ (diag p_i − p_i p_iᵀ) J_i`` by truncated CG in
 parameter space, warm-started from the previous step's (unscaled) direction, then sets
 ``w ← w + α d``. Every curvature product goes through the C×C softmax covariance, which is what
-FGN avoids. Paper defaults (FGN Table / §2.12): α 0.1, constant λ 1.0, 5 CG iterations,
+FGN avoids. Paper defaults (docs/fgn.md, "Usage"): α 0.1, constant λ 1.0, 5 CG iterations,
 tolerance 1e-5 relative to ‖g‖, warm start on. CG's inner products are taken in the vectors'
 dtype (JAX/SciPy ``cg`` semantics, as FGN's row-space CG): float64 accumulation
 (``cg_float64_dots=True``) copies every d-vector to float64 and cost ~40 % of an SGN step on a
@@ -43,7 +44,15 @@ from curvopt.objective import Objective, Params, flatten, unflatten
 
 
 def softmax_ggn_output_product(probs: Tensor, u: Tensor) -> Tensor:
-    """``(diag p − p pᵀ) u`` row-wise for ``(b, C)`` probabilities and vectors."""
+    """Softmax cross-entropy output Hessian times ``u``, ``(diag p − p pᵀ) u``, row by row.
+
+    Args:
+        probs: ``(b, C)`` softmax probabilities.
+        u: ``(b, C)`` logit-space vectors.
+
+    Returns:
+        The ``(b, C)`` products.
+    """
     pu = probs * u
     return pu - probs * pu.sum(dim=1, keepdim=True)
 
@@ -54,7 +63,25 @@ def _tree_dot(a: Params, b: Params) -> Tensor:
 
 
 class SGN(AlgorithmBase):
-    """Full-softmax-GGN damped Newton step with warm-started parameter-space CG (see module doc)."""
+    """Full-softmax-GGN damped Newton step with warm-started parameter-space CG (an ``Algorithm``).
+
+    See the module docstring; defaults are the FGN paper's settings for its baseline.
+
+    Args:
+        objective: A ``cross_entropy`` objective whose model returns ``(b, C)`` logits.
+        lr: Step size α (> 0).
+        damping: Constant damping λ (> 0) of ``(H_GGN + λI) d = −g``.
+        cg_tol: CG tolerance relative to ``‖g‖``.
+        cg_maxiter: CG iteration cap (≥ 1).
+        warm_start: Start CG from the previous step's unscaled direction.
+        log_dispersion: Also log FGN's dispersion diagnostics ``xi_mean`` and
+            ``dropped_trace_mean``.
+        cg_float64_dots: Accumulate CG inner products in float64 (default: the vectors' dtype,
+            JAX/SciPy ``cg`` semantics).
+
+    Raises:
+        ValueError: If the loss is not cross-entropy or a setting is out of range.
+    """
 
     def __init__(
         self,
@@ -87,8 +114,22 @@ class SGN(AlgorithmBase):
         self.steps = 0
 
     def ggn_operator(self, params: Params, x: Tensor, y: Tensor) -> tuple[Tensor, Params, Callable]:
-        """``(logits, g, v ↦ (H_GGN + λI) v)`` at ``params`` from one linearisation; the operator
-        acts on flat vectors (the generic :func:`curvopt.curvature.cg.cg` works on those)."""
+        """The damped GGN system at ``params``, from one linearisation of the logits map.
+
+        Args:
+            params: The point (name → tensor dict).
+            x: Input batch.
+            y: Integer labels.
+
+        Returns:
+            ``(logits, g, operator)``: the detached logits, the mean-loss gradient as a
+            parameter dict, and ``v ↦ (H_GGN + λI) v`` on flat vectors (what
+            :func:`curvopt.curvature.cg.cg` works on).
+
+        Raises:
+            ValueError: If the batch cannot define a margin.
+            FloatingPointError: If the logits are not finite.
+        """
         z, vjp_z, jvp_z, _ = linear_maps(lambda p: self.objective.forward(p, x), params)
         z = z.detach()
         check_classification_batch(z, y)
@@ -106,6 +147,14 @@ class SGN(AlgorithmBase):
         return z, grad, operator
 
     def step(self, batch: Batch) -> dict[str, Any]:
+        """One SGN update ``w ← w + α d`` on ``batch``.
+
+        Args:
+            batch: ``(x, y)`` with integer labels in ``[0, C)``.
+
+        Returns:
+            The logged scalars of the module docstring plus ``cg_stop``.
+        """
         x, y = batch
         params = self.objective.params()
         z, grad, operator = self.ggn_operator(params, x, y)
@@ -146,14 +195,33 @@ class SGN(AlgorithmBase):
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The step counter and the warm start.
+
+        Returns:
+            ``{"steps": int, "previous": flat tensor or None}``.
+        """
         return {"steps": self.steps, "previous": self.previous}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the step counter and the warm start.
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.steps = int(state.get("steps", 0))
         self.previous = state.get("previous")
 
 
 def build_sgn(objective: Objective, data: DataBundle | None = None, **cfg: Any) -> SGN:
-    """Factory for the loop (``conf/optimizer/sgn.yaml``): ``build_sgn(objective, data, **cfg)``."""
+    """Factory for the loop (``conf/optimizer/sgn.yaml``).
+
+    Args:
+        objective: The model and its cross-entropy loss.
+        data: The run's data (unused).
+        **cfg: Keyword arguments of :class:`SGN`.
+
+    Returns:
+        The :class:`SGN` algorithm.
+    """
     del data
     return SGN(objective, **cfg)

@@ -1,6 +1,6 @@
 """SHF-LSMR: stochastic Hessian-free optimisation with LSMR inner solves (Emirahmetoglu & Stewart).
 
-One outer iteration (paper Algorithm 1; spec docs/shf.md and shared/specs/shf_lsmr.md §2):
+One outer iteration (paper Algorithm 1; docs/shf.md, "One outer iteration"):
 
 1. On a fresh random batch X of size n (drawn by the loop at :meth:`SHF.next_batch_size`), cache
    the forward pass and build ``A = J = ∇R(w;X)``, ``b = −R`` with ``R = (net(w;X) − X)/√n``.
@@ -13,7 +13,8 @@ One outer iteration (paper Algorithm 1; spec docs/shf.md and shared/specs/shf_ls
    and the batch-size rule (n̂ average over 5, validation-stall growth ×1.005, n never shrinks,
    capped at n_max); LSMR's maxiter scales with n.
 
-Per-dataset settings (paper Table 1) are listed in conf/optimizer/shf_lsmr.yaml.
+Per-dataset settings (paper Table 1) are listed in conf/optimizer/shf_lsmr.yaml; the choices the
+paper leaves open are in docs/shf.md ("[DECIDE] items") and docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ def _ceil_div(a: int, b: int) -> int:
 def chapelle_erhan_precond(diag_estimate: Tensor, sqrt: bool = True) -> Tensor:
     """The vector ``c`` of right preconditioning from an estimate of ``diag(JᵀJ)``.
 
-    ``sqrt=True`` (paper Algorithm 3, default): ``c = 1/(1 + sqrt(diag))``, i.e. one over one plus
-    the estimated column norm of J — the natural column scaling for LSMR. ``sqrt=False`` (Section
-    4.4's text): ``c = 1/(1 + diag)``.
+    Args:
+        diag_estimate: Flat estimate of ``diag(JᵀJ)`` (negative entries are clamped to 0).
+        sqrt: ``True`` (paper Algorithm 3, default): ``c = 1/(1 + sqrt(diag))``, i.e. one over
+            one plus the estimated column norm of J — the natural column scaling for LSMR.
+            ``False`` (Section 4.4's text): ``c = 1/(1 + diag)``.
+
+    Returns:
+        ``c``, shaped like ``diag_estimate``, entries in ``(0, 1]``.
     """
     d = diag_estimate.clamp_min(0)
     return 1.0 / (1.0 + (d.sqrt() if sqrt else d))
@@ -57,11 +63,22 @@ def chapelle_erhan_precond(diag_estimate: Tensor, sqrt: bool = True) -> Tensor:
 def variance_batch_size(
     grad_sum: Tensor, grad_sq_sum: Tensor, n: int, num_train: int, theta: float, power: int = 1
 ) -> tuple[int, float, float]:
-    """Algorithm 2 (BatchSize): ``(n̂, V, ‖g‖)`` from per-example gradient sums over the batch.
+    """Byrd et al.'s variance test, the paper's Algorithm 2 (BatchSize).
 
     ``g = (1/n)Σ∇f_i``; ``V = ‖n/(n−1)[(1/n)Σ(∇f_i)² − g²]‖_1`` (sample variance, clamped at 0,
-    summed over all parameters); ``n̂ = ceil(N·V / (V + θ²(N−1)‖g‖^power))``. ``power=1`` is the
-    paper's literal (unsquared) norm, ``power=2`` Byrd et al.'s dimensionally consistent one.
+    summed over all parameters); ``n̂ = ceil(N·V / (V + θ²(N−1)‖g‖^power))``.
+
+    Args:
+        grad_sum: ``Σ_i ∇f_i`` over the batch (flat).
+        grad_sq_sum: ``Σ_i (∇f_i)²`` over the batch (flat, elementwise squares).
+        n: Batch size.
+        num_train: Training-set size N.
+        theta: Tolerance θ of the test.
+        power: ``1`` is the paper's literal (unsquared) norm, ``2`` Byrd et al.'s dimensionally
+            consistent one.
+
+    Returns:
+        ``(n̂, V, ‖g‖)``; ``n̂ = n`` when ``n < 2`` or the denominator is not positive and finite.
     """
     if n < 2:
         return n, 0.0, float(torch.linalg.vector_norm(grad_sum))
@@ -91,6 +108,20 @@ def next_batch_size_rule(
     loss fell by less than ``stall_threshold`` (relative, over 5 iterations) grow by ``growth``;
     never shrink, cap at ``n_max``. ``maxiter ← ceil(n_next/n · maxiter)``. The ceilings are done
     in exact integer/rational arithmetic (1.005·200 is 200.99999999999997 in floats).
+
+    Args:
+        n: Current batch size.
+        maxiter: Current LSMR iteration cap.
+        nhat_window: The last n̂ of the variance test (the paper averages 5).
+        fval_lagged: Validation loss ``stall_window`` iterations ago.
+        fval_now: Current validation loss.
+        n_max: Largest batch size.
+        stall_threshold: Relative validation decrease below which the batch grows.
+        growth: Growth factor of a stall.
+
+    Returns:
+        ``(n_next, maxiter_next, reason)`` with ``reason`` one of ``"variance"``, ``"stall"``,
+        ``"keep"``.
     """
     navg = _ceil_div(sum(nhat_window), len(nhat_window))
     r_rel = (fval_lagged - fval_now) / fval_now if fval_now != 0 else math.inf
@@ -107,7 +138,70 @@ def next_batch_size_rule(
 
 
 class SHF:
-    """Stochastic Hessian-free optimisation with preconditioned LSMR (an ``Algorithm``)."""
+    """Stochastic Hessian-free optimisation with preconditioned LSMR (an ``Algorithm``).
+
+    Each :meth:`step` is one outer iteration of the paper's Algorithm 1 (module docstring) on the
+    batch the loop drew with the size :meth:`next_batch_size` asked for. Defaults are the paper's
+    MNIST settings (Table 1); conf/optimizer/shf_lsmr.yaml lists CURVES and USPS, docs/shf.md
+    ("Flags") the alternatives.
+
+    Args:
+        objective: A squared-error objective (the autoencoder; ``R = (net(w;X) − Y)/√n``).
+        data: The run's data; ``train`` must be in memory (its size N enters the variance test),
+            ``val`` supplies the validation merit and the stall rule.
+        damping: Initial LM damping λ₁ (LSMR's ``damp``; λ² is added to the batch-averaged
+            Gauss-Newton in LSMR's preconditioned variable).
+        drop: LM factor: ``ρ < rho_low ⇒ λ ← λ/drop``, ``ρ > rho_high ⇒ λ ← λ·drop``.
+        gamma: Initial warm-start decay γ₁: the next solve starts at γ·(this LSMR solution).
+        gamma_growth: Per-iteration growth of γ (Algorithm 1: ``γ ← min(1.002γ, 0.95)``).
+        gamma_max: Cap on γ.
+        maxiter: Initial LSMR iteration cap; scaled by ``ceil(n_next/n · maxiter)`` when the batch
+            grows.
+        atol: LSMR's ``test2 = ‖Āᵀr̄‖/(‖Ā‖‖r̄‖) ≤ atol`` (the only SciPy test kept with a merit).
+        ftol: Relative-progress tolerance of the validation merit inside LSMR (Algorithm 6).
+        miniter: LSMR iterations before the merit rules may stop the solve.
+        recover: LSMR stops when the merit stays above its minimum for more than ``recover``
+            iterations.
+        theta: Tolerance θ of Byrd et al.'s variance test (Algorithm 2).
+        armijo: Armijo constant α of the backtracking line search on the batch.
+        max_halvings: Cap on step halvings; then the step is rejected (s = 0) (docs/shf.md,
+            "[DECIDE] items").
+        rho_low: ρ below which λ is raised.
+        rho_high: ρ above which λ is lowered.
+        batch_size: Initial batch size n₁ (capped at ``max_batch_size``).
+        max_batch_size: Batch-size cap n_max (also capped at the training-set size).
+        stall_window: n̂ smoothing window and validation lag (Algorithm 1: i−5); the batch-size
+            rule applies from iteration ``stall_window + 1``.
+        stall_threshold: Relative validation decrease over the window below which n grows.
+        batch_growth: Growth factor of n on a stall (×1.005).
+        preconditioner: ``"chapelle_erhan"`` (Algorithm 3, recomputed every iteration) or
+            ``"none"``.
+        precon_sqrt: ``c = 1/(1 + sqrt(diag Ĝ))`` (Algorithm 3); ``False``: ``1/(1 + diag Ĝ)``
+            (Section 4.4's text).
+        step_space: ``"scaled"``: the step is ``d = c∘y`` and the merit is evaluated at ``c∘y``;
+            ``"literal"``: ``d = y``, as Algorithm 1 is printed.
+        warm_start: ``"param"``: ``y0 = γ·d_prev / c_new`` (the previous solution in parameter
+            space, re-expressed with the new preconditioner); ``"y"``: ``y0 = γ·y_prev``.
+        damping_center: ``"warm_start"``: LSMR damps ``λ²‖y − y0‖²`` (Eq. (19), Algorithm 6,
+            SciPy's ``x0``); ``"zero"``: ``λ²‖y‖²`` (Algorithm 1's normal equations, y0 only a
+            starting point).
+        return_best: LSMR returns its best-merit iterate instead of the last one.
+        variance_norm_power: 1: the paper's unsquared ``‖∇f_S‖`` in the variance test; 2: Byrd et
+            al.'s squared norm. Both n̂ are logged; this picks the one that drives n.
+        use_hand_written_gn: Use the cached Algorithms 4/5
+            (:class:`~curvopt.curvature.mlp_gn.MLPGaussNewton`) when the model is a plain MLP;
+            otherwise ``torch.func``.
+        merit: Stop LSMR on the validation merit (needs a validation split; off: atol/maxiter
+            only).
+        val_max_examples: Evaluate the merit and f_val on the first rows of the validation split
+            only (``None`` = all, the paper).
+        eval_chunk: Rows per forward pass when evaluating the validation loss.
+        seed: Seed of the Rademacher draws of the preconditioner.
+
+    Raises:
+        ValueError: On an unknown choice string, a non-squared-error objective, or a streamed
+            training set.
+    """
 
     def __init__(
         self,
@@ -218,9 +312,19 @@ class SHF:
 
     # -- protocol ---------------------------------------------------------------------------------
     def next_batch_size(self) -> int | None:
+        """The batch size n the next outer iteration wants (Algorithm 1's batch-size rule).
+
+        Returns:
+            The current n.
+        """
         return self.n
 
     def state_dict(self) -> dict[str, Any]:
+        """Damping, γ, batch size, maxiter, warm starts, histories and the RNG state.
+
+        Returns:
+            A dict accepted by :meth:`load_state_dict`.
+        """
         clone = lambda t: None if t is None else t.detach().clone()  # noqa: E731
         return {
             "lam": self.lam,
@@ -237,6 +341,11 @@ class SHF:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict` (warm starts moved to the model's device).
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.lam = float(state["lam"])
         self.gamma = float(state["gamma"])
         self.n = int(state["n"])
@@ -282,6 +391,16 @@ class SHF:
 
     # -- one outer iteration ---------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:  # noqa: C901 - the paper's Algorithm 1, in order
+        """One outer iteration of Algorithm 1 on ``batch``; the model holds the new weights after.
+
+        Args:
+            batch: ``(x, y)``, a fresh random batch of the size :meth:`next_batch_size` returned.
+
+        Returns:
+            The logged scalars listed in docs/shf.md ("Logged scalars"): ``loss``, ``batch_size``,
+            ``damping``, ``inner_iters``, ``inner_stop``, ``rho``, ``step_length``, ``n_hat``,
+            ``f_val``, timings, ...
+        """
         cfg = self.cfg
         x, y = batch
         n = int(x.shape[0])
@@ -485,7 +604,16 @@ class SHF:
 
 
 def build_shf(objective: Objective, data: DataBundle, **cfg: Any) -> SHF:
-    """Factory for the loop (``_target_: curvopt.optim.shf.build_shf``); see :class:`SHF`."""
+    """Factory for the loop (``_target_: curvopt.optim.shf.build_shf``).
+
+    Args:
+        objective: The model and its (squared-error) loss.
+        data: The run's data bundle.
+        **cfg: Keyword arguments of :class:`SHF`.
+
+    Returns:
+        The :class:`SHF` algorithm.
+    """
     return SHF(objective, data, **cfg)
 
 

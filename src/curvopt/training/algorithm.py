@@ -21,21 +21,30 @@ __all__ = ["Algorithm", "AlgorithmBase", "Batch", "DataBundle", "TorchOptimizerA
 
 
 class TorchOptimizerAlgorithm(AlgorithmBase):
-    """Runs any ``torch.optim.Optimizer`` in the loop: forward, backward, ``step(closure)``.
+    """Runs any ``torch.optim.Optimizer`` in the loop: forward, backward, step.
 
-    A closure is always passed, so optimizers that re-evaluate the loss (L-BFGS) work unchanged.
-    ``grad_clip_value`` clips gradients element-wise before the step (FOSI's AE task).
-    ``scheduler`` is an optional ``torch.optim.lr_scheduler`` stepped after every update.
-
-    ``micro_batch_size`` turns one update into gradient accumulation over micro-batches of that
-    many examples (LLM pretraining: 512 sequences per update, 64–256 per forward). The update's
+    The forward/backward is a closure: ``torch.optim.LBFGS`` gets it as ``step(closure)`` (it
+    re-evaluates the loss); any other optimizer sees one closure call, then ``step()``. The update's
     loss is the size-weighted mean of the micro-batch mean losses (GaLore's ``loss /
     accumulation`` for equal micro-batches), so the gradient equals the full batch's when the loss
-    is a per-example mean. ``train_model`` is the module the forward/backward runs through — a
-    ``DistributedDataParallel`` wrapper of ``objective.model`` under torchrun; gradients are then
-    all-reduced only on the last micro-batch (``no_sync`` before).
+    is a per-example mean. The logged ``lr`` is the one the update used (read before the scheduler
+    steps).
 
-    The logged ``lr`` is the one the update used (read before the scheduler steps).
+    Args:
+        objective: The model and its loss kind.
+        optimizer: The optimizer over ``objective.model``'s parameters.
+        grad_clip_value: Clip gradients element-wise to ``±value`` before the step (FOSI's AE
+            task); ``None``: off.
+        scheduler: Optional ``torch.optim.lr_scheduler`` stepped after every update.
+        micro_batch_size: Turns one update into gradient accumulation over micro-batches of that
+            many examples (LLM pretraining: 512 sequences per update, 64–256 per forward);
+            ``None``: one forward per update.
+        train_model: The module the forward/backward runs through — a ``DistributedDataParallel``
+            wrapper of ``objective.model`` under torchrun; gradients are then all-reduced only on
+            the last micro-batch (``no_sync`` before). Default: ``objective.model``.
+
+    Raises:
+        ValueError: If ``micro_batch_size`` is not positive.
     """
 
     def __init__(
@@ -92,6 +101,14 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
         return closure
 
     def step(self, batch: Batch) -> dict[str, Any]:
+        """One optimizer update on ``batch`` (then one scheduler step).
+
+        Args:
+            batch: ``(x, y)``.
+
+        Returns:
+            ``{"loss": mean loss before the update, "lr": lr of the first group used}``.
+        """
         x, y = batch
         closure = self._closure(x, y)
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -105,12 +122,22 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
         return {"loss": float(loss.detach()), "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's (and the scheduler's) state dicts.
+
+        Returns:
+            ``{"optimizer": ..., "scheduler": ...}`` (no ``scheduler`` key without one).
+        """
         state = {"optimizer": self.optimizer.state_dict()}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the optimizer (and scheduler) state saved by :meth:`state_dict`.
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -1,5 +1,4 @@
-"""Data-parallel training under ``torchrun``: process group, device, and the few collectives the
-loop needs.
+"""Data-parallel training under ``torchrun``: process group, device, and the loop's few collectives.
 
 ``torchrun --nproc_per_node N src/train.py ...`` sets ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK``; :func:`init_distributed` turns them into a process group (NCCL on GPU, gloo on
@@ -30,6 +29,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DistInfo:
+    """Where this process stands in the process group (:data:`SINGLE` without torchrun).
+
+    Attributes:
+        rank: Global rank.
+        world_size: Number of processes.
+        local_rank: Rank on this node (selects the GPU).
+        backend: ``"nccl"``, ``"gloo"`` or ``None`` (single process).
+    """
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -37,10 +45,12 @@ class DistInfo:
 
     @property
     def enabled(self) -> bool:
+        """Whether more than one process takes part."""
         return self.world_size > 1
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0 (the one that writes records)."""
         return self.rank == 0
 
 
@@ -48,14 +58,27 @@ SINGLE = DistInfo()
 
 
 def env_world_size() -> int:
+    """The world size torchrun announced.
+
+    Returns:
+        ``$WORLD_SIZE``, or 1 when unset.
+    """
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def init_distributed(device_name: str = "auto", backend: str = "auto", timeout_s: float = 1800) -> DistInfo:
     """Join the process group described by torchrun's environment (idempotent).
 
-    ``backend=auto`` picks NCCL when the run uses CUDA and gloo otherwise. On CUDA the process is
-    pinned to ``cuda:<LOCAL_RANK>``.
+    On CUDA the process is pinned to ``cuda:<LOCAL_RANK>``.
+
+    Args:
+        device_name: The run's device (``"auto"``, ``"cpu"``, ``"cuda"``, ...).
+        backend: ``"auto"`` picks NCCL when the run uses CUDA and gloo otherwise; or a
+            ``torch.distributed`` backend name.
+        timeout_s: Timeout of collectives, in seconds.
+
+    Returns:
+        The :class:`DistInfo` (:data:`SINGLE` without torchrun's environment).
     """
     world = env_world_size()
     if world <= 1:
@@ -74,7 +97,15 @@ def init_distributed(device_name: str = "auto", backend: str = "auto", timeout_s
 
 
 def device_for(info: DistInfo, device_name: str) -> torch.device:
-    """The device of this process: ``cuda:<local_rank>`` for CUDA runs under torchrun."""
+    """The device of this process: ``cuda:<local_rank>`` for CUDA runs under torchrun.
+
+    Args:
+        info: This process's :class:`DistInfo`.
+        device_name: The configured device; ``"auto"`` is CUDA when available, else CPU.
+
+    Returns:
+        The ``torch.device``.
+    """
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device_name)
@@ -88,6 +119,17 @@ def shard_slice(n: int, rank: int, world_size: int) -> slice:
 
     Chunks are disjoint and cover ``range(n)``; the first ``n % world_size`` chunks get one more
     element. The loop shards the global batch with this, evaluation the validation set.
+
+    Args:
+        n: Length of the range.
+        rank: The chunk's index.
+        world_size: Number of chunks.
+
+    Returns:
+        The chunk as a ``slice``.
+
+    Raises:
+        ValueError: If ``rank`` is not in ``[0, world_size)``.
     """
     if world_size <= 0 or not 0 <= rank < world_size:
         raise ValueError(f"invalid rank {rank} for world size {world_size}")
@@ -99,7 +141,18 @@ def shard_slice(n: int, rank: int, world_size: int) -> slice:
 def all_reduce(
     values: list[float], op: str = "sum", info: DistInfo = SINGLE, device: Any = None
 ) -> list[float]:
-    """Reduce a few Python scalars over ranks (``sum`` or ``max``); identity when not distributed."""
+    """Reduce a few Python scalars over ranks; identity when not distributed.
+
+    Args:
+        values: This rank's scalars.
+        op: ``"sum"`` or ``"max"``.
+        info: This process's :class:`DistInfo`.
+        device: Device of the float64 buffer (CPU for gloo; default ``cuda:<local_rank>`` for
+            NCCL).
+
+    Returns:
+        The reduced scalars, the same on every rank.
+    """
     if not info.enabled:
         return list(values)
     if device is None or info.backend == "gloo":
@@ -110,7 +163,16 @@ def all_reduce(
 
 
 def broadcast_object(obj: Any, info: DistInfo = SINGLE, src: int = 0) -> Any:
-    """Rank ``src``'s object on every rank (run ids, decisions taken on rank 0)."""
+    """Rank ``src``'s object on every rank (run ids, decisions taken on rank 0).
+
+    Args:
+        obj: A picklable object (only rank ``src``'s value matters).
+        info: This process's :class:`DistInfo`.
+        src: The sending rank.
+
+    Returns:
+        Rank ``src``'s object.
+    """
     if not info.enabled:
         return obj
     box = [obj]
@@ -119,7 +181,15 @@ def broadcast_object(obj: Any, info: DistInfo = SINGLE, src: int = 0) -> Any:
 
 
 def gather_objects(obj: Any, info: DistInfo = SINGLE) -> list[Any]:
-    """Every rank's object, in rank order, on every rank (per-rank data-stream positions)."""
+    """Every rank's object, in rank order, on every rank (per-rank data-stream positions).
+
+    Args:
+        obj: This rank's picklable object.
+        info: This process's :class:`DistInfo`.
+
+    Returns:
+        The list of ``world_size`` objects.
+    """
     if not info.enabled:
         return [obj]
     out: list[Any] = [None] * info.world_size
@@ -128,13 +198,30 @@ def gather_objects(obj: Any, info: DistInfo = SINGLE) -> list[Any]:
 
 
 def barrier(info: DistInfo = SINGLE) -> None:
+    """Wait for every rank (no-op for one process).
+
+    Args:
+        info: This process's :class:`DistInfo`.
+    """
     if info.enabled:
         dist.barrier()
 
 
 def wrap_ddp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
-    """DistributedDataParallel around ``model``; ``broadcast_buffers=False`` because the loop
-    evaluates the bare module on uneven shards (no collective may hide in a forward)."""
+    """Wrap ``model`` in DistributedDataParallel (identity for one process).
+
+    Buffers are not broadcast in the forward (``broadcast_buffers=False``, or
+    ``forward_sync_buffers=False`` on newer torch) because the loop evaluates the bare module on
+    uneven shards (no collective may hide in a forward).
+
+    Args:
+        model: The module.
+        info: This process's :class:`DistInfo`.
+        device: The process's device.
+
+    Returns:
+        The DDP wrapper, or ``model`` itself.
+    """
     if not info.enabled:
         return model
     import inspect
@@ -150,5 +237,10 @@ def wrap_ddp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> to
 
 
 def cleanup(info: DistInfo = SINGLE) -> None:
+    """Leave the process group (no-op for one process).
+
+    Args:
+        info: This process's :class:`DistInfo`.
+    """
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()

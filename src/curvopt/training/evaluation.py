@@ -15,7 +15,7 @@ Which metrics are reported follows from the loss kind and the targets:
   ``ppl = exp(loss)``, and ``tokens`` the number of targets scored. With ``galore_compat`` also
   ``loss_galore`` / ``ppl_galore``: GaLore's ``evaluate_model`` value — the sum of per-batch mean
   losses divided by ``num_batches + 1`` (its ``total_batches`` starts at 1), averaged over ranks —
-  so our numbers can be set beside the cited ones (spec racs_alice §10 item 3).
+  so our numbers can be set beside the cited ones (docs/alice_llm.md; docs/decisions.md).
 
 Under data parallelism each rank evaluates its own chunk and ``reduce`` (a sum over ranks of a
 list of floats) combines the sums before the division, so every rank gets the same metrics.
@@ -44,6 +44,23 @@ def evaluate_split(
     reduce: Reduce | None = None,
     world_size: int = 1,
 ) -> dict[str, float]:
+    """Metrics of one split (module docstring), in eval mode and without gradients.
+
+    The model's train/eval mode is restored afterwards.
+
+    Args:
+        objective: The model and its loss kind.
+        x: The split's inputs (this rank's chunk under data parallelism).
+        y: The split's targets.
+        batch_size: Rows per forward pass.
+        galore_compat: Also report GaLore's ``loss_galore`` / ``ppl_galore`` for sequences.
+        reduce: Sum over ranks of a list of floats (data parallelism); ``None`` for one process.
+        world_size: Number of ranks (divides GaLore's per-rank value).
+
+    Returns:
+        ``loss`` and, depending on the task, ``accuracy``, ``ppl``, ``tokens``, ``hit_rate``,
+        ``E_sq``, ``f``, ``loss_galore``, ``ppl_galore``.
+    """
     model, kind = objective.model, objective.loss_kind
     was_training = model.training
     model.eval()

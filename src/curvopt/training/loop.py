@@ -53,19 +53,68 @@ TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes", 
 
 
 def is_timing_field(key: str) -> bool:
-    """Fields that measure time or memory (they differ between identical runs): the loop's
-    :data:`TIMING_FIELDS` and the optimizers' own timers (``ese_time_s``, ``lsmr_time``, …)."""
+    """Whether a metrics field measures time or memory (it differs between identical runs).
+
+    Args:
+        key: A metrics field name.
+
+    Returns:
+        ``True`` for the loop's :data:`TIMING_FIELDS` and the optimizers' own timers
+        (``ese_time_s``, ``lsmr_time``, …).
+    """
     return key in TIMING_FIELDS or key.endswith(("_time", "_time_s"))
 
 
 def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Metric rows without their timing fields: what must be identical between a resumed run and
-    an uninterrupted one (docs/resume.md)."""
+    """Metric rows without their timing fields.
+
+    What remains must be identical between a resumed run and an uninterrupted one
+    (docs/resume.md).
+
+    Args:
+        rows: Rows of a ``metrics.jsonl``.
+
+    Returns:
+        The rows without the fields :func:`is_timing_field` accepts.
+    """
     return [{k: v for k, v in row.items() if not is_timing_field(k)} for row in rows]
 
 
 @dataclass
 class LoopConfig:
+    """The loop's settings (the ``trainer`` config); every value is checked on construction.
+
+    Attributes:
+        max_steps: Stop after this many updates.
+        max_epochs: Stop after this many passes over the training set (``None``: off).
+        max_algo_time_s: Stop when the algorithm time reaches this many seconds (``None``: off).
+        batch_size: Batch size when the algorithm does not choose its own.
+        sampling: Sampler mode (:data:`~curvopt.training.sampler.SAMPLING_MODES`).
+        eval_every: Evaluate every this many steps (and at the start and the end).
+        eval_batch_size: Rows per forward pass in evaluation.
+        eval_splits: Splits to evaluate, among ``train``, ``val``, ``test``.
+        log_every: Write a metrics row every this many steps.
+        checkpoint_every: Write a checkpoint every this many steps (0: off).
+        checkpoint_every_s: Also checkpoint when this many wall seconds have passed since the last
+            one (long CPU runs that must survive a restart on another machine; ``None``/0: off).
+        keep_checkpoint: Keep ``checkpoint.pt`` after a completed run.
+        progress_log_every_s: Without a terminal (tqdm silent), log one progress line per
+            evaluation, at most this often.
+        patience_evals: Stop after this many evaluations without a better ``monitor`` value
+            (``None``: off).
+        monitor: The metric that defines the best evaluation (``"val/loss"``).
+        monitor_mode: ``"min"`` or ``"max"``.
+        progress: Show a tqdm progress bar (on a terminal).
+        eval_galore_compat: Also log GaLore's off-by-one eval loss/ppl (LM tasks).
+        clock: ``"wall"``: ``time.perf_counter`` (+ CUDA sync), the papers' "computation time";
+            ``"process"``: this process's CPU seconds (``time.process_time``), which other jobs on
+            a shared CPU cannot inflate; it equals uncontended wall time only with one torch
+            thread (``trainer.num_threads=1``) and never on a GPU.
+
+    Raises:
+        ConfigError: If a value has the wrong type or is out of range.
+    """
+
     max_steps: int = 1000
     max_epochs: float | None = None
     max_algo_time_s: float | None = None
@@ -122,8 +171,19 @@ class LoopConfig:
 
     @classmethod
     def from_trainer(cls, tcfg: Any) -> LoopConfig:
-        """The loop's settings from a ``trainer`` config, every value checked (type and range)
-        before anything is loaded or created; a bad one raises :class:`ConfigError` naming it."""
+        """The loop's settings from a ``trainer`` config.
+
+        Every value is checked (type and range) before anything is loaded or created.
+
+        Args:
+            tcfg: The ``trainer`` config (anything with ``.get``).
+
+        Returns:
+            The :class:`LoopConfig`.
+
+        Raises:
+            ConfigError: Naming the first bad value.
+        """
         get = tcfg.get
         splits = get("eval_splits", ["train", "val", "test"])
         if isinstance(splits, str) or not all(isinstance(x, str) for x in splits):
@@ -152,6 +212,18 @@ class LoopConfig:
 
 
 def as_bool(name: str, value: Any) -> bool:
+    """Check a boolean config value (no truthy strings or numbers).
+
+    Args:
+        name: Config key, for the message.
+        value: The value.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ConfigError: If ``value`` is not a bool.
+    """
     if isinstance(value, bool):
         return value
     raise ConfigError(f"{name}={value!r}: expected true or false")
@@ -204,6 +276,15 @@ def _check_float(key: str, value: Any, positive: bool, none_ok: bool) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of the run so far.
+
+    Args:
+        device: The run's device.
+
+    Returns:
+        ``torch.cuda.max_memory_allocated`` on CUDA, else the process's peak resident set size
+        (Linux ``ru_maxrss``), in bytes.
+    """
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
@@ -215,6 +296,11 @@ def _sync(device: torch.device) -> None:
 
 
 def rng_state() -> dict[str, Any]:
+    """The global random states (torch, numpy, Python, and CUDA when available), for checkpoints.
+
+    Returns:
+        A dict accepted by :func:`set_rng_state`.
+    """
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -222,6 +308,11 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the global random states saved by :func:`rng_state`.
+
+    Args:
+        state: A dict returned by :func:`rng_state`.
+    """
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -234,10 +325,13 @@ def _finite(value: Any) -> bool:
 
 
 class StopSignals:
-    """Defers SIGINT and SIGTERM while installed: the first one only sets :attr:`received` (the
-    loop stops at the next step boundary, with a checkpoint); a second one raises
-    ``KeyboardInterrupt`` at once. Handlers can only be installed from the main thread; elsewhere
-    (a run started from a worker thread) signals keep their previous behaviour."""
+    """Context manager that defers SIGINT and SIGTERM while installed.
+
+    The first signal only sets :attr:`received` (the loop stops at the next step boundary, with a
+    checkpoint); a second one raises ``KeyboardInterrupt`` at once. Handlers can only be
+    installed from the main thread; elsewhere (a run started from a worker thread) signals keep
+    their previous behaviour. It takes no constructor arguments.
+    """
 
     NAMES = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm"}
 
@@ -248,6 +342,7 @@ class StopSignals:
 
     @property
     def name(self) -> str | None:
+        """``"sigint"`` or ``"sigterm"`` for the received signal, ``None`` before one arrives."""
         return self.NAMES.get(self.received) if self.received is not None else None
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -295,6 +390,22 @@ class _NullRecorder:
 
 
 class Trainer:
+    """Runs one training run: the loop of the module docstring, records, checkpoints, resume.
+
+    Args:
+        objective: The model and its loss kind (evaluation, checkpoints).
+        algorithm: The optimizer, as an :class:`~curvopt.api.Algorithm`.
+        data: The run's data; ``train`` (sampled) or ``train_stream`` (streamed).
+        config: The loop's settings.
+        run_dir: The run directory (records and ``checkpoint.pt``).
+        device: The device the batches are moved to (streams) and timed on.
+        seed: Run seed; the sampler uses ``seed + 1``.
+        tracker: Mirror of the records (wandb); default :class:`NullTracker`.
+        summary_extra: Extra entries for ``summary.json``.
+        tracker_every: Send every this many steps' rows to the tracker (evaluation rows always).
+        dist: This process's place in the process group (:data:`SINGLE` without torchrun).
+    """
+
     def __init__(
         self,
         objective: Objective,
@@ -362,9 +473,15 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
-        """Write ``checkpoint.pt`` atomically (a temporary file, fsync, rename): a crash or a full
-        disk leaves the previous checkpoint intact and no partial file behind. A failed write
-        raises :class:`CheckpointWriteError` naming the file."""
+        """Write ``checkpoint.pt`` atomically (a temporary file, fsync, rename).
+
+        A crash or a full disk leaves the previous checkpoint intact and no partial file behind.
+        Under DDP every rank must call it (the stream positions are gathered); only rank 0
+        writes.
+
+        Raises:
+            CheckpointWriteError: If the write fails; the message names the file.
+        """
         state = self._checkpoint_state()  # collective under DDP (stream positions): every rank
         if not self.dist.is_main:
             return
@@ -424,9 +541,20 @@ class Trainer:
 
     @property
     def epoch(self) -> float:
+        """Passes over the training set so far (the sampler's or the stream's count)."""
         return self.stream.epoch if self.stream is not None else self.sampler.epoch
 
     def load_checkpoint(self) -> int:
+        """Restore model, algorithm, sampler/stream, RNG states, timers and best from ``checkpoint.pt``.
+
+        Returns:
+            The checkpointed step.
+
+        Raises:
+            NoCheckpointError: If there is no checkpoint.
+            CorruptCheckpointError: If it cannot be read or does not fit the model/optimizer.
+            ValueError: If a streaming run is resumed with a different number of ranks.
+        """
         path = self.run_dir / CHECKPOINT_NAME
         if not path.exists():
             raise NoCheckpointError(
@@ -476,6 +604,11 @@ class Trainer:
         return self.wall_offset + (time.perf_counter() - self._t_start)
 
     def evaluate(self) -> dict[str, float]:
+        """Evaluate every configured split outside the algorithm timer; updates the best value.
+
+        Returns:
+            ``{"<split>/<metric>": value}`` (:func:`~curvopt.training.evaluation.evaluate_split`).
+        """
         _sync(self.device)
         t0 = time.perf_counter()
         metrics = {}
@@ -598,8 +731,18 @@ class Trainer:
         return flag > 0
 
     def run(self, resume: bool = False) -> dict[str, Any]:
-        """Train until a stop condition; always write ``summary.json``. An error during training
-        is recorded (``status: failed``) and then raised again."""
+        """Train until a stop condition; always write ``summary.json``.
+
+        Args:
+            resume: Continue from ``checkpoint.pt`` (loaded before any record is touched).
+
+        Returns:
+            The run summary (what ``summary.json`` holds).
+
+        Raises:
+            Exception: An error during training is recorded (``status: failed``) and then raised
+                again; checkpoint problems on resume raise before anything is written.
+        """
         self._t_start = time.perf_counter()
         self._last_checkpoint = self._t_start
         self._last_progress_line = -math.inf

@@ -35,8 +35,18 @@ def _jsonable(value: Any) -> Any:
 
 
 def finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float (at any depth) replaced by its string ("nan", "inf",
-    "-inf"), so that ``json.dumps(..., allow_nan=False)`` gives standard JSON."""
+    """Make a value standard-JSON serialisable, keeping non-finite floats readable.
+
+    Every non-finite float (at any depth) is replaced by its string ("nan", "inf", "-inf"), so
+    that ``json.dumps(..., allow_nan=False)`` gives standard JSON; tensors and numpy scalars
+    become numbers or lists, dict keys strings.
+
+    Args:
+        value: A scalar, tensor, list, tuple or dict.
+
+    Returns:
+        The converted value.
+    """
     if isinstance(value, dict):
         return {str(k): finite_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -48,8 +58,14 @@ def finite_json(value: Any) -> Any:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``path`` through a temporary file and a rename; on failure (a full disk) the old
-    file is intact and the temporary one removed."""
+    """Write ``path`` through a temporary file and a rename.
+
+    On failure (a full disk) the old file is intact and the temporary one removed.
+
+    Args:
+        path: The file to (re)write.
+        text: Its new content.
+    """
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
         tmp.write_text(text)
@@ -60,6 +76,15 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
+    """The checked-out commit, for the run summary.
+
+    Args:
+        cwd: Directory inside the repository (default: the current one).
+
+    Returns:
+        The commit hash, with ``-dirty`` appended when tracked files are modified, or ``None``
+        when git is unavailable.
+    """
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5, check=False
@@ -79,6 +104,15 @@ def git_commit(cwd: Path | None = None) -> str | None:
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:
+    """Device and software versions, for the run summary.
+
+    Args:
+        device: The run's device.
+
+    Returns:
+        ``device``, ``device_name``, ``num_threads``, ``python``, ``torch``, ``numpy``,
+        ``platform``.
+    """
     import numpy
 
     info = {
@@ -96,9 +130,16 @@ def environment_info(device: torch.device) -> dict[str, Any]:
 
 
 class RunRecorder:
-    """Writes one run's records. Re-opening an existing run directory (resume) truncates the
-    metrics file to the rows at or before the checkpointed step, so a resumed run's file equals
-    an uninterrupted run's."""
+    """Writes one run's records.
+
+    Re-opening an existing run directory (resume) truncates the metrics file to the rows at or
+    before the checkpointed step, so a resumed run's file equals an uninterrupted run's; without
+    ``resume_step`` an existing metrics file is removed.
+
+    Args:
+        run_dir: The run directory (created if missing).
+        resume_step: The checkpointed step when resuming, else ``None``.
+    """
 
     def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
@@ -113,23 +154,46 @@ class RunRecorder:
         self._file = self.metrics_path.open("a")
 
     def write_config(self, config_yaml: str) -> None:
+        """Write ``config.yaml`` atomically.
+
+        Args:
+            config_yaml: The resolved config as YAML text.
+        """
         atomic_write_text(self.run_dir / "config.yaml", config_yaml)
 
     def log(self, row: dict[str, Any]) -> None:
+        """Append one row to ``metrics.jsonl`` and flush it.
+
+        Args:
+            row: The step's scalars (non-finite floats are written as strings).
+        """
         self._file.write(json.dumps(finite_json(row), allow_nan=False) + "\n")
         self._file.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        """Rewrite ``summary.json`` atomically.
+
+        Args:
+            summary: The run summary.
+        """
         text = json.dumps(finite_json(summary), indent=2, sort_keys=True, allow_nan=False, default=str)
         atomic_write_text(self.summary_path, text + "\n")
 
     def close(self) -> None:
+        """Close the metrics file (idempotent)."""
         if not self._file.closed:
             self._file.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl; a torn last line (killed mid-write) is skipped."""
+    """Rows of a metrics.jsonl; a torn last line (killed mid-write) is skipped.
+
+    Args:
+        path: The ``metrics.jsonl`` file.
+
+    Returns:
+        One dict per valid line (blank and undecodable lines are skipped).
+    """
     rows = []
     with Path(path).open() as fh:
         for line in fh:
@@ -158,6 +222,9 @@ class RunLock:
     messages. A lock file nobody holds — left by a killed process, or by another machine (a run
     directory committed mid-run) — is stale and taken over. Lock files written by older code
     (pid and boot id, no ``flock``) count as held while that pid is alive on this machine.
+
+    Args:
+        run_dir: The run directory the lock belongs to.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -179,7 +246,11 @@ class RunLock:
         )
 
     def check(self) -> None:
-        """Refuse (:class:`RunInUseError`) when a live process owns the run; creates nothing."""
+        """Refuse when a live process owns the run; creates nothing.
+
+        Raises:
+            RunInUseError: If another live process holds the lock.
+        """
         if not self.path.exists():
             return
         try:
@@ -199,7 +270,11 @@ class RunLock:
             raise self._busy(info)
 
     def acquire(self) -> None:
-        """Take the lock (creating the run directory) or raise :class:`RunInUseError`."""
+        """Take the lock, creating the run directory (idempotent for the holder).
+
+        Raises:
+            RunInUseError: If another live process holds the lock.
+        """
         if self.held:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +302,7 @@ class RunLock:
         self.held = True
 
     def release(self) -> None:
+        """Remove the lock file and drop the lock (no-op when not held)."""
         if self.held and self._fd is not None:
             self.path.unlink(missing_ok=True)  # while still holding it: no one can take a dead inode
             os.close(self._fd)

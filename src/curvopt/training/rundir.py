@@ -57,12 +57,26 @@ ENVIRONMENT_GROUPS = ("logger", "paths", "trainer")
 
 
 def is_environment_key(key: str) -> bool:
+    """Whether a config key says where and how a run is observed rather than what it computes.
+
+    Args:
+        key: A dotted config key.
+
+    Returns:
+        ``True`` for :data:`ENVIRONMENT_KEYS`, keys under ``paths.``/``logger.``/``hydra.``, and
+        ``paths``/``logger`` themselves.
+    """
     return key in ENVIRONMENT_KEYS or key.startswith(ENVIRONMENT_PREFIXES) or key in ("paths", "logger")
 
 
 @dataclass
 class CommandLine:
-    """A Hydra command line: the overrides as typed and the config-group choices in effect."""
+    """A Hydra command line: the overrides as typed and the config-group choices in effect.
+
+    Attributes:
+        overrides: The overrides as typed (``key=value``, ``group=choice``).
+        choices: Config group → choice in effect.
+    """
 
     overrides: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
@@ -84,7 +98,15 @@ class CommandLine:
 
     @classmethod
     def parse(cls, overrides: Sequence[str], groups: Iterable[str]) -> CommandLine:
-        """From overrides alone (tests, scripts): ``groups`` are the config-group names."""
+        """Build a command line from overrides alone (tests, scripts).
+
+        Args:
+            overrides: The overrides as typed.
+            groups: The config-group names; ``group=value`` overrides become choices.
+
+        Returns:
+            The :class:`CommandLine`.
+        """
         groups = set(groups)
         choices = {}
         for item in overrides:
@@ -96,12 +118,27 @@ class CommandLine:
 
 # -- the run directory ----------------------------------------------------------------------------
 def has_records(run_dir: Path) -> bool:
+    """Whether a run directory holds any record file (:data:`RECORD_FILES`).
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        ``True`` if at least one record file exists.
+    """
     return any((run_dir / name).exists() for name in RECORD_FILES)
 
 
 def run_status(run_dir: Path) -> str:
-    """``completed`` / ``diverged`` / ``failed`` / ``interrupted`` from ``summary.json``, or
-    ``killed`` when a run left records but no summary (or one still saying ``running``)."""
+    """The status of the run in ``run_dir``.
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        ``completed`` / ``diverged`` / ``failed`` / ``interrupted`` from ``summary.json``, or
+        ``killed`` when a run left records but no summary (or one still saying ``running``).
+    """
     try:
         status = json.loads((run_dir / "summary.json").read_text()).get("status")
     except (OSError, ValueError):
@@ -115,8 +152,22 @@ def _describe(run_dir: Path, status: str) -> str:
 
 
 def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
-    """What this command does with ``run_dir``: ``new``, ``resume`` or ``restart``; refuses
-    (:class:`RunExistsError`, :class:`NoCheckpointError`) with the flags that would work."""
+    """Decide what this command does with ``run_dir`` (module docstring).
+
+    Args:
+        run_dir: The run directory.
+        resume: ``trainer.resume``.
+        restart: ``trainer.restart``.
+
+    Returns:
+        ``"new"``, ``"resume"`` or ``"restart"``.
+
+    Raises:
+        ConfigError: If both ``resume`` and ``restart`` are set.
+        NoCheckpointError: If ``resume`` is set and there is no checkpoint.
+        RunExistsError: If the directory holds records and neither flag says what to do; the
+            message names the flags that would work.
+    """
     if resume and restart:
         raise ConfigError("trainer.resume=true and trainer.restart=true exclude each other; choose one")
     records = run_dir.is_dir() and has_records(run_dir)
@@ -156,13 +207,31 @@ _ASIDE = re.compile(r"\.(completed|diverged|failed|interrupted|killed|running)-\
 
 
 def is_set_aside(name: str) -> bool:
-    """Whether a directory name is an old run moved aside (``<run_id>.<status>-<time>``, by
-    ``trainer.restart=true`` or a driver): kept, but not a run of the experiment any more."""
+    """Whether a directory name is an old run moved aside.
+
+    Such directories (``<run_id>.<status>-<time>``, made by ``trainer.restart=true`` or a driver)
+    are kept, but are not runs of the experiment any more.
+
+    Args:
+        name: A directory name.
+
+    Returns:
+        ``True`` if the name has the moved-aside suffix.
+    """
     return bool(_ASIDE.search(name))
 
 
 def move_records_aside(run_dir: Path) -> Path:
-    """Move the record files of ``run_dir`` into a new sibling ``<run_id>.<status>-<time>/``."""
+    """Move the record files of ``run_dir`` into a new sibling ``<run_id>.<status>-<time>/``.
+
+    Everything but ``run.lock`` is moved; nothing is deleted.
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        The new sibling directory.
+    """
     status = run_status(run_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = run_dir.with_name(f"{run_dir.name}.{status}-{stamp}")
@@ -178,6 +247,12 @@ def move_records_aside(run_dir: Path) -> Path:
 
 
 def save_command_line(run_dir: Path, cli: CommandLine | None) -> None:
+    """Write ``overrides.yaml`` (overrides and group choices) into the run directory.
+
+    Args:
+        run_dir: The run directory.
+        cli: The command line; ``None`` writes nothing.
+    """
     if cli is None:
         return
     text = OmegaConf.to_yaml(
@@ -216,6 +291,14 @@ _LEGACY_IDENTITY = {
 
 @dataclass
 class ResumePlan:
+    """The config a resumed run continues with, and what changed.
+
+    Attributes:
+        config: The resolved config.
+        extended: ``"key: old -> new"`` applied because they extend the run.
+        changed: ``"key: old -> new"`` applied under ``trainer.allow_config_change``.
+    """
+
     config: DictConfig
     extended: list[str]  # "key: old -> new" applied because they extend the run
     changed: list[str]  # "key: old -> new" applied under trainer.allow_config_change
@@ -228,11 +311,29 @@ def resume_config(
     saved_choices: dict[str, str] | None = None,
     allow_change: bool = False,
 ) -> ResumePlan:
-    """The config a resumed run continues with: its ``saved`` config, plus from ``fresh`` (the
-    config this command composed) the environment keys, the :data:`EXTEND_KEYS` set explicitly
-    and keys new since the run was saved. ``cli`` tells which keys the command line set; without
-    it (a config built in Python) every differing key counts as set. An explicit change to any
-    other key raises :class:`ConfigError` listing the differences, unless ``allow_change``."""
+    """The config a resumed run continues with.
+
+    Its ``saved`` config, plus from ``fresh`` the environment keys, the :data:`EXTEND_KEYS` set
+    explicitly and keys new since the run was saved. Interpolations that produced a saved value
+    (``data_dir: ${paths.data_dir}``) follow the current environment.
+
+    Args:
+        saved: The run's saved ``config.yaml``.
+        fresh: The config this command composed.
+        cli: Tells which keys and groups the command line set; without it (a config built in
+            Python) every differing key counts as set.
+        saved_choices: The group choices saved in the run's ``overrides.yaml`` (``None`` for
+            runs saved before it existed).
+        allow_change: Apply other explicit changes instead of refusing (records then mix two
+            configs).
+
+    Returns:
+        The :class:`ResumePlan`.
+
+    Raises:
+        ConfigError: If the command line changes a key or group choice outside the environment
+            and :data:`EXTEND_KEYS`, unless ``allow_change``; the message lists the differences.
+    """
     saved_c = OmegaConf.to_container(saved, resolve=True) if isinstance(saved, DictConfig) else dict(saved)
     raw = OmegaConf.to_container(fresh, resolve=False)
     resolved = OmegaConf.to_container(fresh, resolve=True)

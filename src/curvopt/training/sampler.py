@@ -24,6 +24,17 @@ SAMPLING_MODES = ("epoch", "independent", "static", "static_padded")
 
 
 class BatchSampler:
+    """Index sampler over ``range(num_examples)`` with one of :data:`SAMPLING_MODES` (module docstring).
+
+    Args:
+        num_examples: Size of the training set.
+        mode: ``"epoch"``, ``"independent"``, ``"static"`` or ``"static_padded"``.
+        seed: Seed of the sampler's own generator (the permutations and draws).
+
+    Raises:
+        ValueError: If ``mode`` is unknown.
+    """
+
     def __init__(self, num_examples: int, mode: str = "epoch", seed: int = 0) -> None:
         if mode not in SAMPLING_MODES:
             raise ValueError(f"unknown sampling mode {mode!r}; choose one of {SAMPLING_MODES}")
@@ -40,6 +51,17 @@ class BatchSampler:
         return self.examples_seen / self.n
 
     def next_indices(self, batch_size: int) -> Tensor:
+        """Indices of the next batch.
+
+        Args:
+            batch_size: Requested size (> 0; capped at the training-set size).
+
+        Returns:
+            A 1-D long tensor of indices.
+
+        Raises:
+            ValueError: If ``batch_size`` is not positive.
+        """
         if batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
         batch_size = min(batch_size, self.n)
@@ -67,6 +89,11 @@ class BatchSampler:
         return torch.cat(parts)
 
     def state_dict(self) -> dict[str, Any]:
+        """Generator state, examples seen, the current permutation and position (for resume).
+
+        Returns:
+            A dict accepted by :meth:`load_state_dict`.
+        """
         return {
             "generator": self.generator.get_state(),
             "examples_seen": self.examples_seen,
@@ -76,6 +103,11 @@ class BatchSampler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the position saved by :meth:`state_dict`.
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.generator.set_state(state["generator"])
         self.examples_seen = state["examples_seen"]
         self._perm = state["perm"].clone()
@@ -88,6 +120,14 @@ def shard(indices: Tensor, rank: int = 0, world_size: int = 1) -> Tensor:
     Every rank draws the same global indices from an identically seeded sampler and keeps chunk
     ``rank``; the chunks are disjoint and their union is the global batch, so N processes see
     exactly the batch one process would (see ``curvopt.training.distributed``).
+
+    Args:
+        indices: The global batch's indices.
+        rank: This process's rank.
+        world_size: Number of processes.
+
+    Returns:
+        This rank's chunk (``indices`` itself when ``world_size == 1``).
     """
     if world_size == 1:
         return indices

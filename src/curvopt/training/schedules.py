@@ -9,7 +9,7 @@
       warmup_fraction: 0.1
       min_lr_ratio: 0.1
 
-The LLaMA-on-C4 protocol of the RACS/Alice paper (spec §7.2, §10 item 6) is GaLore's scheduler:
+The LLaMA-on-C4 protocol of the RACS/Alice paper (docs/alice_llm.md; docs/decisions.md) is GaLore's scheduler:
 linear warmup from 0 over the first 10 % of the updates, then a cosine from the peak down to
 0.1 × peak at the last update. The multiplier is applied to every parameter group (LambdaLR keeps
 each group's own base lr), so per-group learning rates keep their ratio throughout.
@@ -36,6 +36,18 @@ def warmup_cosine_factor(
     warmup), then ``min_lr_ratio + (1 − min_lr_ratio)·½(1 + cos(π·progress))`` with ``progress``
     running from 0 at the end of warmup to 1 at ``total_steps``; past the end it stays at
     ``min_lr_ratio``.
+
+    Args:
+        step: Completed updates (LambdaLR's ``last_epoch``).
+        total_steps: Number of updates of the run (> 0).
+        warmup_steps: Length of the linear warmup, in ``[0, total_steps]``.
+        min_lr_ratio: Final multiplier of the cosine.
+
+    Returns:
+        The lr multiplier.
+
+    Raises:
+        ValueError: If ``total_steps`` or ``warmup_steps`` is out of range.
     """
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps}")
@@ -58,8 +70,16 @@ def warmup_cosine(
 ) -> LambdaLR:
     """Linear warmup then cosine decay to ``min_lr_ratio × peak`` (GaLore / RACS-Alice protocol).
 
-    ``warmup_steps`` wins over ``warmup_fraction`` when given (GaLore's scripts pass an explicit
-    count; the paper states 10 %).
+    Args:
+        optimizer: The optimizer whose groups' base lrs are scaled.
+        total_steps: Number of updates of the run.
+        warmup_fraction: Warmup length as a fraction of ``total_steps`` (the paper: 10 %).
+        warmup_steps: Explicit warmup length; wins over ``warmup_fraction`` when given
+            (GaLore's scripts pass an explicit count).
+        min_lr_ratio: Final multiplier of the cosine.
+
+    Returns:
+        The ``LambdaLR`` scheduler (:func:`warmup_cosine_factor`).
     """
     if warmup_steps is None:
         warmup_steps = int(round(warmup_fraction * total_steps))
@@ -72,5 +92,12 @@ def warmup_cosine(
 
 
 def constant(optimizer: torch.optim.Optimizer) -> LambdaLR:
-    """No schedule (a LambdaLR that always returns 1), for configs that need a `scheduler:`."""
+    """No schedule (a LambdaLR that always returns 1), for configs that need a `scheduler:`.
+
+    Args:
+        optimizer: The optimizer.
+
+    Returns:
+        A ``LambdaLR`` with a constant multiplier of 1.
+    """
     return LambdaLR(optimizer, lambda step: 1.0)

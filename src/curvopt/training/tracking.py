@@ -14,17 +14,47 @@ log = logging.getLogger(__name__)
 
 
 class NullTracker:
+    """A tracker that records nothing (``logger=none``); also the interface of the others."""
+
     def log(self, row: dict[str, Any], step: int) -> None:
+        """Record one metrics row.
+
+        Args:
+            row: The row as written to ``metrics.jsonl``.
+            step: The training step it belongs to.
+        """
         del row, step
 
     def summary(self, summary: dict[str, Any]) -> None:
+        """Record the run's summary.
+
+        Args:
+            summary: The dict written to ``summary.json``.
+        """
         del summary
 
     def finish(self, exit_code: int = 0) -> None:
+        """Close the tracker.
+
+        Args:
+            exit_code: The process's exit code (``curvopt.errors``).
+        """
         del exit_code
 
 
 class WandbTracker(NullTracker):
+    """Mirror of the run records to Weights & Biases; any failure warns once and switches it off.
+
+    Args:
+        project: wandb project.
+        name: Run name.
+        group: Run group (the experiment).
+        config: The resolved run config.
+        mode: ``"offline"`` (default, no account needed), ``"online"`` or ``"disabled"``.
+        entity: wandb entity (user or team), or ``None``.
+        dir: Directory for wandb's files (created if missing).
+    """
+
     def __init__(
         self,
         *,
@@ -62,6 +92,12 @@ class WandbTracker(NullTracker):
         self.run = None
 
     def log(self, row: dict[str, Any], step: int) -> None:
+        """Log the numeric entries of a metrics row.
+
+        Args:
+            row: The row as written to ``metrics.jsonl``; non-numeric values are skipped.
+            step: The training step.
+        """
         if self.run is None:
             return
         try:
@@ -70,6 +106,11 @@ class WandbTracker(NullTracker):
             self._disable("log", err)
 
     def summary(self, summary: dict[str, Any]) -> None:
+        """Copy the scalar (number or string) entries of the summary to the wandb run summary.
+
+        Args:
+            summary: The dict written to ``summary.json``.
+        """
         if self.run is None:
             return
         try:
@@ -80,6 +121,11 @@ class WandbTracker(NullTracker):
             self._disable("summary", err)
 
     def finish(self, exit_code: int = 0) -> None:
+        """Finish the wandb run.
+
+        Args:
+            exit_code: The process's exit code.
+        """
         if self.run is None:
             return
         try:
@@ -89,6 +135,18 @@ class WandbTracker(NullTracker):
 
 
 def make_tracker(kind: str, **kwargs: Any) -> NullTracker:
+    """Build the tracker of the ``logger`` config.
+
+    Args:
+        kind: ``"wandb"`` or ``"none"``.
+        **kwargs: Keyword arguments of :class:`WandbTracker`.
+
+    Returns:
+        The tracker.
+
+    Raises:
+        ValueError: If ``kind`` is unknown.
+    """
     if kind == "none":
         return NullTracker()
     if kind == "wandb":

@@ -35,12 +35,12 @@ _EXPORTS: dict[str, str] = {
     "build_sgn": "sgn",
     # FOSI (Sivan, Gabel & Schuster)
     "FOSI": "fosi",
-    "FOSIAlgorithm": "fosi",
     "fosi_adam": "fosi",
     "fosi_heavy_ball": "fosi",
     "fosi_gd": "fosi",
     "make_base_optimizer": "fosi",
-    "build_fosi": "fosi",
+    "FOSIAlgorithm": "fosi_loop",  # the loop adapter (also importable from curvopt.optim.fosi)
+    "build_fosi": "fosi_loop",
     # K-FAC baseline
     "KFAC": "kfac",
     "build_kfac": "kfac",
@@ -90,15 +90,8 @@ __all__ = [
 if TYPE_CHECKING:
     from curvopt.optim.alice import Alice, alice0
     from curvopt.optim.fgn import FGN, build_fgn
-    from curvopt.optim.fosi import (
-        FOSI,
-        FOSIAlgorithm,
-        build_fosi,
-        fosi_adam,
-        fosi_gd,
-        fosi_heavy_ball,
-        make_base_optimizer,
-    )
+    from curvopt.optim.fosi import FOSI, fosi_adam, fosi_gd, fosi_heavy_ball, make_base_optimizer
+    from curvopt.optim.fosi_loop import FOSIAlgorithm, build_fosi
     from curvopt.optim.grouping import build_grouped, build_optimizer
     from curvopt.optim.hf_cg import HFCG, build_hf_cg
     from curvopt.optim.kfac import KFAC, build_kfac

@@ -18,9 +18,11 @@ Two entry points:
   from plain Python: ``loss.backward(); fosi.step()``. It shares the base's ``param_groups``
   (schedulers and manual lr changes reach the base) and ``state``; ``state_dict`` round-trips
   both. Ready-made: :func:`fosi_heavy_ball`, :func:`fosi_adam`, :func:`fosi_gd`.
-* :func:`build_fosi` — the factory the training loop calls (``conf/optimizer/fosi_*.yaml``):
-  an :class:`~curvopt.api.Algorithm` over an ``Objective`` with an ESE batch drawn
-  (seeded) from ``data.train``.
+* :func:`~curvopt.optim.fosi_loop.build_fosi` — the factory the training loop calls
+  (``conf/optimizer/fosi_*.yaml``): an :class:`~curvopt.api.Algorithm` over an ``Objective`` with
+  an ESE batch drawn (seeded) from ``data.train``. It and :class:`~curvopt.optim.fosi_loop.FOSIAlgorithm`
+  live in :mod:`curvopt.optim.fosi_loop` (the loop adapter); this module is the optimizer alone and
+  still answers to their names here (``curvopt.optim.fosi.build_fosi``, the configs' target).
 
 Implementation choices that matter for speed (benchmarks/bench_fosi.py):
 
@@ -56,10 +58,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.hvp import HVP_MODES, flat_hvp, hvp_module, make_flat_hvp, named_subset
 from curvopt.curvature.lanczos import REORTH_MODES, LanczosError, LanczosResult, lanczos
-from curvopt.objective import Objective, mean_loss
 
 log = logging.getLogger(__name__)
 
@@ -714,109 +714,16 @@ def make_base_optimizer(
     raise ValueError(f"base must be one of {BASES}, got {name!r}")
 
 
-# -- the training loop's Algorithm --------------------------------------------------------------------
-class FOSIAlgorithm(AlgorithmBase):
-    """The loop's view of FOSI: forward/backward on the step's batch, then :meth:`FOSI.step`.
-
-    ``grad_clip_value`` clips gradients element-wise before FOSI sees them (the FOSI paper's AE
-    task chains ``optax.clip(1.0)`` before every optimizer)."""
-
-    def __init__(self, objective: Objective, fosi: FOSI, grad_clip_value: float | None = None) -> None:
-        self.objective = objective
-        self.fosi = fosi
-        self.grad_clip_value = grad_clip_value
-
-    def step(self, batch: Batch) -> dict[str, Any]:
-        x, y = batch
-        obj = self.objective
-        self.fosi.zero_grad(set_to_none=True)
-        with torch.enable_grad():
-            loss = mean_loss(obj.model(x), y, obj.loss_kind, obj.ignore_index)
-            loss.backward()
-        if self.grad_clip_value is not None:
-            torch.nn.utils.clip_grad_value_(self.fosi._params, self.grad_clip_value)
-        self.fosi.step(batch=batch)
-        return {"loss": float(loss.detach()), **self.fosi.last_info}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"fosi": self.fosi.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.fosi.load_state_dict(state["fosi"])
+# -- the loop adapter, under its old address -------------------------------------------------------
+# FOSIAlgorithm, build_fosi and draw_ese_batch moved to curvopt.optim.fosi_loop, which imports this
+# module; resolving them here lazily keeps ``curvopt.optim.fosi.build_fosi`` (the configs' _target_)
+# and ``from curvopt.optim.fosi import FOSIAlgorithm`` working without an import cycle.
+_LOOP_NAMES = ("FOSIAlgorithm", "build_fosi", "draw_ese_batch")
 
 
-def draw_ese_batch(data: DataBundle, size: int, seed: int = 0, source: str = "random") -> Batch:
-    """The fixed ESE batch: ``size`` training examples drawn without replacement with a seeded
-    generator (``random``), or the first ``size`` examples (``first``, the authors' LR/TL setup)."""
-    if data.train is None:
-        raise ValueError("a fixed ESE batch needs in-memory training data; use ese_batch=current")
-    x, y = data.train
-    count = min(int(size), int(x.shape[0]))
-    if source == "first":
-        idx = torch.arange(count)
-    elif source == "random":
-        idx = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(int(seed)))[:count]
-    else:
-        raise ValueError(f"ese_batch_source must be 'random' or 'first', got {source!r}")
-    idx = idx.to(x.device)
-    return x[idx], y[idx]
+def __getattr__(name: str) -> Any:
+    if name in _LOOP_NAMES:
+        from curvopt.optim import fosi_loop
 
-
-def build_fosi(
-    objective: Objective,
-    data: DataBundle,
-    base: str = "heavy_ball",
-    lr: float = 0.01,
-    momentum: float = 0.9,
-    betas: Sequence[float] = (0.9, 0.999),
-    adam_eps: float = 1e-8,
-    weight_decay: float = 0.0,
-    variant: str = "default",
-    ese_batch: str = "fixed",
-    ese_batch_size: int = 256,
-    ese_batch_source: str = "random",
-    ese_seed: int = 0,
-    grad_clip_value: float | None = None,
-    clip_grad_value: float | None = None,
-    **fosi_options: Any,
-) -> FOSIAlgorithm:
-    """Factory for ``conf/optimizer/fosi_*.yaml``: FOSI around the named base optimizer.
-
-    ``ese_batch`` is ``fixed`` (one batch of ``ese_batch_size`` drawn from ``data.train`` with
-    ``ese_seed``, used at every ESE: the authors' setup) or ``current`` (the step's batch).
-    ``variant`` applies a preset from :data:`VARIANTS`; explicit non-null options win over it. The remaining
-    options go to :class:`FOSI` (k, l, alpha, ese_period, ese_warmup, lr_clip, …).
-
-    ``clip_grad_value`` (alias ``grad_clip_value``) clips the gradient element-wise before FOSI
-    sees it (the paper's AE task). Use ``clip_grad_value`` in configs: the loop's
-    ``build_algorithm`` strips ``grad_clip_value`` from every optimizer config (it belongs to the
-    wrapped ``torch.optim`` path) before it calls a factory, as it does for K-FAC's option."""
-    if grad_clip_value is not None and clip_grad_value is not None and grad_clip_value != clip_grad_value:
-        raise ValueError(f"grad_clip_value={grad_clip_value} and clip_grad_value={clip_grad_value} disagree")
-    clip = clip_grad_value if clip_grad_value is not None else grad_clip_value
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
-    # a null variant key (alpha, lr_clip, newton_momentum) means "the variant's value, else the
-    # class default"; other keys keep null (ese_period: null = a single ESE)
-    variant_keys = {key for preset in VARIANTS.values() for key in preset}
-    explicit = {k: v for k, v in fosi_options.items() if not (k in variant_keys and v is None)}
-    options = {**VARIANTS[variant], **explicit}
-    if "ese_batch_mode" in options:
-        raise ValueError("use `ese_batch: fixed|current` in the config, not ese_batch_mode")
-    base_opt = make_base_optimizer(
-        base,
-        [p for p in objective.model.parameters() if p.requires_grad],
-        lr,
-        momentum,
-        betas,
-        adam_eps,
-        weight_decay,
-    )
-    fixed = draw_ese_batch(data, ese_batch_size, ese_seed, ese_batch_source) if ese_batch == "fixed" else None
-    kind, ignore = objective.loss_kind, objective.ignore_index
-
-    def loss_fn(out: Tensor, y: Tensor) -> Tensor:
-        return mean_loss(out, y, kind, ignore)
-
-    fosi = FOSI(base_opt, loss_fn, fixed, model=objective.model, ese_batch_mode=ese_batch, **options)
-    return FOSIAlgorithm(objective, fosi, grad_clip_value=clip)
+        return getattr(fosi_loop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 SCALE ?= quick
-# Data directory: CURVOPT_DATA_DIR if set, else ../shared/data when it exists, else ./data.
+# Data directory: CURVOPT_DATA_DIR if set, else ../shared/data when it exists (a data folder next to
+# the checkout, shared by several checkouts), else ./data. README.md, "Data directory", lists its contents.
 CURVOPT_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
 export CURVOPT_DATA_DIR
 # scipy/numpy threads fight torch's for the cores otherwise (2.4x slower LSMR on 2 cores).

@@ -9,7 +9,7 @@ The user provides the audio (the authors used the Kaggle sets ``zfturbo/audioset
     <data_dir>/audioset/valid.csv
     <data_dir>/audioset/valid_wav/<YTID>.wav
 
-Each file becomes ≈10 examples by the VGGish recipe (spec §4.1): mono, resample to 16 kHz, STFT
+Each file becomes ≈10 examples by the VGGish recipe (docs/fosi_tasks.md, "Tasks"): mono, resample to 16 kHz, STFT
 with a 25 ms periodic-Hann window, 10 ms hop and a 512-point FFT, 64 HTK-mel bands over
 125–7500 Hz, ``log(mel + 0.01)``, cut into non-overlapping 96-frame (0.96 s) patches. Every patch
 inherits its file's multi-hot label.
@@ -67,7 +67,16 @@ HOW_TO_GET = (
 
 # -- VGGish log-mel features (numpy) -------------------------------------------------------------
 def frame(data: np.ndarray, window: int, hop: int) -> np.ndarray:
-    """Successive frames ``(num_frames, window, ...)`` without padding (incomplete ones dropped)."""
+    """Successive frames without padding (incomplete ones dropped).
+
+    Args:
+        data: Array whose first axis is time.
+        window: Frame length, in samples (rows).
+        hop: Step between frame starts.
+
+    Returns:
+        ``(num_frames, window, ...)``.
+    """
     n = 1 + (data.shape[0] - window) // hop if data.shape[0] >= window else 0
     if n <= 0:
         return np.zeros((0, window) + data.shape[1:], dtype=data.dtype)
@@ -76,10 +85,26 @@ def frame(data: np.ndarray, window: int, hop: int) -> np.ndarray:
 
 
 def periodic_hann(length: int) -> np.ndarray:
+    """Periodic Hann window (as VGGish uses).
+
+    Args:
+        length: Window length.
+
+    Returns:
+        ``0.5 − 0.5 cos(2πk/length)`` for ``k = 0 … length−1``.
+    """
     return 0.5 - 0.5 * np.cos(2 * np.pi / length * np.arange(length))
 
 
 def hertz_to_mel(hz: np.ndarray | float) -> np.ndarray:
+    """HTK mel scale, ``1127 ln(1 + f/700)``.
+
+    Args:
+        hz: Frequencies in Hz.
+
+    Returns:
+        The mel values (float64).
+    """
     return 1127.0 * np.log(1.0 + np.asarray(hz, dtype=np.float64) / 700.0)
 
 
@@ -90,7 +115,21 @@ def mel_matrix(
     lower_hz: float = MEL_MIN_HZ,
     upper_hz: float = MEL_MAX_HZ,
 ) -> np.ndarray:
-    """HTK-style triangular mel weights ``(num_spectrogram_bins, num_mel_bins)``, DC bin zeroed."""
+    """HTK-style triangular mel weights, DC bin zeroed.
+
+    Args:
+        num_mel_bins: Number of mel bands.
+        num_spectrogram_bins: Number of FFT magnitude bins (``fft/2 + 1``).
+        sample_rate: Sample rate in Hz.
+        lower_hz: Lower edge of the lowest band, in Hz.
+        upper_hz: Upper edge of the highest band, in Hz.
+
+    Returns:
+        The ``(num_spectrogram_bins, num_mel_bins)`` weight matrix.
+
+    Raises:
+        ValueError: Unless ``0 ≤ lower_hz < upper_hz ≤ sample_rate/2``.
+    """
     nyquist = sample_rate / 2.0
     if not 0.0 <= lower_hz < upper_hz <= nyquist:
         raise ValueError(f"need 0 <= lower_hz < upper_hz <= Nyquist ({nyquist}), got {lower_hz}, {upper_hz}")
@@ -105,7 +144,15 @@ def mel_matrix(
 
 
 def log_mel(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """``(num_frames, 64)`` log-mel spectrogram of a mono waveform at ``sample_rate``."""
+    """Log-mel spectrogram ``log(mel + 0.01)`` of a mono waveform (25 ms window, 10 ms hop).
+
+    Args:
+        samples: Mono waveform.
+        sample_rate: Its sample rate in Hz.
+
+    Returns:
+        ``(num_frames, 64)`` float64.
+    """
     win = int(round(sample_rate * STFT_WINDOW_S))
     hop = int(round(sample_rate * STFT_HOP_S))
     fft = 2 ** int(np.ceil(np.log2(win)))
@@ -116,7 +163,15 @@ def log_mel(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
 
 
 def waveform_to_examples(data: np.ndarray, sample_rate: int) -> np.ndarray:
-    """``(num_examples, 96, 64)`` log-mel patches of a waveform in [−1, 1] (mono or (N, channels))."""
+    """Non-overlapping 0.96 s log-mel patches of a waveform (channels averaged, resampled to 16 kHz).
+
+    Args:
+        data: Waveform in [−1, 1], mono ``(N,)`` or ``(N, channels)``.
+        sample_rate: Its sample rate in Hz.
+
+    Returns:
+        ``(num_examples, 96, 64)``.
+    """
     if data.ndim > 1:
         data = data.mean(axis=1)
     if sample_rate != SAMPLE_RATE:
@@ -129,7 +184,14 @@ def waveform_to_examples(data: np.ndarray, sample_rate: int) -> np.ndarray:
 
 
 def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
-    """Waveform scaled to [−1, 1] (int16 / 32768 as the authors) and its sample rate."""
+    """Read a WAV file, scaled to [−1, 1] (int16 / 32768, as the authors).
+
+    Args:
+        path: The ``.wav`` file.
+
+    Returns:
+        ``(waveform, sample_rate)``.
+    """
     from scipy.io import wavfile
 
     sr, data = wavfile.read(str(path))
@@ -146,7 +208,19 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
 
 # -- encodings ---------------------------------------------------------------------------------------
 def encode_patch(patch: np.ndarray, encoding: str = "viridis_jpeg", jpeg_quality: int = 75) -> np.ndarray:
-    """One 96×64 log-mel patch → the model input (uint8 ``(3, 96, 64)`` or float ``(1, 96, 64)``)."""
+    """Turn one 96×64 log-mel patch into the model input (module docstring, "Encoding").
+
+    Args:
+        patch: The ``(96, 64)`` log-mel patch.
+        encoding: ``"viridis_jpeg"``, ``"viridis"`` or ``"logmel"``.
+        jpeg_quality: JPEG quality of ``"viridis_jpeg"`` (PIL's default 75).
+
+    Returns:
+        uint8 ``(3, 96, 64)`` for the viridis encodings, float32 ``(1, 96, 64)`` for ``"logmel"``.
+
+    Raises:
+        ValueError: On an unknown encoding.
+    """
     if encoding == "logmel":
         return patch.astype(np.float32)[None]
     if encoding not in ENCODINGS:
@@ -169,12 +243,31 @@ def encode_patch(patch: np.ndarray, encoding: str = "viridis_jpeg", jpeg_quality
 
 # -- labels --------------------------------------------------------------------------------------------
 def read_class_index(path: Path) -> dict[str, int]:
+    """Read ``class_labels_indices.csv``.
+
+    Args:
+        path: The CSV (columns ``index``, ``mid``, ``display_name``).
+
+    Returns:
+        Label id (``mid``) → class index.
+    """
     with open(path, newline="") as fh:
         return {row["mid"]: int(row["index"]) for row in csv.DictReader(fh)}
 
 
 def read_file_labels(path: Path, class_index: dict[str, int]) -> dict[str, list[int]]:
-    """``YTID → [class indices]`` from a CSV with ``YTID`` and ``positive_labels`` columns."""
+    """Read the positive labels of every file.
+
+    Args:
+        path: A CSV with ``YTID`` and ``positive_labels`` (comma-separated ``mid`` s) columns.
+        class_index: ``mid`` → class index (:func:`read_class_index`).
+
+    Returns:
+        ``YTID → [class indices]``.
+
+    Raises:
+        ValueError: If a label is not in the class index.
+    """
     out = {}
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh, skipinitialspace=True)
@@ -188,8 +281,15 @@ def read_file_labels(path: Path, class_index: dict[str, int]) -> dict[str, list[
 
 
 def hit_rate(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """The authors' multi-label "accuracy": fraction of examples whose top-scoring class is one of
-    their positive labels."""
+    """The authors' multi-label "accuracy" (hit rate).
+
+    Args:
+        logits: ``(N, C)`` scores.
+        targets: ``(N, C)`` multi-hot labels.
+
+    Returns:
+        The fraction of examples whose top-scoring class is one of their positive labels.
+    """
     top = logits.argmax(dim=-1)
     return float(targets.gather(1, top[:, None]).squeeze(1).gt(0.5).float().mean())
 
@@ -203,7 +303,25 @@ def build_split(
     jpeg_quality: int,
     max_files: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    """Examples and multi-hot labels of every ``<YTID>.wav`` in ``wav_dir`` that has a label."""
+    """Examples and multi-hot labels of every ``<YTID>.wav`` in ``wav_dir`` that has a label.
+
+    Unreadable files are skipped and counted.
+
+    Args:
+        wav_dir: Folder of ``<YTID>.wav`` files.
+        labels: ``YTID → [class indices]``.
+        num_classes: Number of classes C.
+        encoding: Patch encoding (:func:`encode_patch`).
+        jpeg_quality: JPEG quality of ``"viridis_jpeg"``.
+        max_files: Use only the first files in name order (``None``: all).
+
+    Returns:
+        ``(x, y, stats)``: stacked encoded patches, uint8 ``(N, C)`` multi-hot labels, and
+        ``files`` / ``failed_files`` / ``examples`` counts.
+
+    Raises:
+        DataNotFoundError: If no usable labelled file is found.
+    """
     files = sorted(p for p in wav_dir.glob("*.wav") if p.stem in labels)
     if max_files is not None:
         files = files[:max_files]
@@ -241,7 +359,29 @@ def load_audioset(
     cache_dir: str | None = "~/.cache/curvopt/audioset",
     name: str = "audioset",
 ) -> DataBundle:
-    """Train and validation examples (targets float multi-hot ``(N, num_classes)``)."""
+    """AudioSet train and validation examples (layout and recipe in the module docstring).
+
+    Args:
+        data_dir: Data directory.
+        root: Folder under ``data_dir`` holding the files.
+        train_wav: Folder of training ``.wav`` files.
+        train_csv: Training labels CSV.
+        val_wav: Folder of validation ``.wav`` files.
+        val_csv: Validation labels CSV.
+        labels_csv: The class index CSV.
+        encoding: Patch encoding (:func:`encode_patch`).
+        jpeg_quality: JPEG quality of ``"viridis_jpeg"``.
+        max_files: Use only this many files per split (``None``: all).
+        cache_dir: Where processed arrays are cached as ``.npz`` (keyed by the settings);
+            ``None``: no cache.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        The bundle (no ``test`` split); targets are float multi-hot ``(N, num_classes)``.
+
+    Raises:
+        DataNotFoundError: If a required file or folder is missing.
+    """
     base = Path(data_dir) / root
     needed = [labels_csv, train_csv, val_csv, train_wav + "/", val_wav + "/"]
     missing = [n for n in needed if not (base / n.rstrip("/")).exists()]

@@ -1,7 +1,7 @@
 """C4 (English) for LLaMA pretraining with the GaLore protocol the RACS/Alice paper follows.
 
-What GaLore's ``torchrun_main.py`` does, and what this module reproduces (spec racs_alice §7.2,
-anchors §3):
+What GaLore's ``torchrun_main.py`` does, and what this module reproduces (docs/alice_llm.md,
+"Pipeline"):
 
 * documents from ``allenai/c4`` ``en`` (train / validation), streamed and ``shuffle(seed=42)``;
 * the ``t5-base`` tokenizer, ``max_length`` 256, **one document per sequence**, truncated and
@@ -67,6 +67,11 @@ SPLIT_NAMES = {"train": "train", "val": "validation", "validation": "validation"
 # sources
 # --------------------------------------------------------------------------------------------
 def is_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set to a true value.
+
+    Returns:
+        ``True`` unless both are unset, empty, ``0`` or ``false``.
+    """
     return any(
         os.environ.get(k, "0") not in ("", "0", "false", "False")
         for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -74,7 +79,15 @@ def is_offline() -> bool:
 
 
 def local_files(data_dir: str | Path, split: str) -> list[Path]:
-    """Local C4 files for ``split`` (``train`` / ``validation``), sorted; empty if none."""
+    """Local C4 files of a split under ``<data_dir>/c4/`` (module docstring, "Sources").
+
+    Args:
+        data_dir: Data directory.
+        split: ``"train"``, ``"val"`` or ``"validation"``.
+
+    Returns:
+        The files of the first matching name pattern, sorted; empty if none.
+    """
     root = Path(data_dir) / "c4"
     split = SPLIT_NAMES.get(split, split)
     for pattern in (
@@ -108,10 +121,21 @@ def _missing_message(data_dir: str | Path, what: str) -> str:
 
 
 def load_tokenizer(data_dir: str | Path, name: str = "t5-base") -> Any:
-    """``AutoTokenizer`` from ``<data_dir>/tokenizers/<name>`` or the hub.
+    """``AutoTokenizer`` from ``<data_dir>/tokenizers/<name>`` (or the directory ``name``) or the hub.
 
     ``model_max_length`` is set huge: truncation is always explicit (``max_length``), and packing
     tokenises whole documents without the long-sequence warning.
+
+    Args:
+        data_dir: Data directory.
+        name: Tokenizer name (``"t5-base"`` maps to ``google-t5/t5-base`` on the hub) or path.
+
+    Returns:
+        The tokenizer.
+
+    Raises:
+        DataNotFoundError: If there is no local tokenizer and the hub is unavailable.
+        CorruptDataError: If a local tokenizer directory cannot be loaded.
     """
     from transformers import AutoTokenizer
 
@@ -156,6 +180,15 @@ def _local_tokenizer(auto: Any, folder: Path, data_dir: str | Path) -> Any:
 
 
 def corrupt_c4(files: list[str] | list[Path], err: BaseException) -> CorruptDataError:
+    """The error for unreadable local C4 files, naming them and what to do.
+
+    Args:
+        files: The local files.
+        err: The underlying exception.
+
+    Returns:
+        The :class:`CorruptDataError` (to be raised by the caller).
+    """
     listed = ", ".join(str(Path(f).resolve()) for f in files)
     return CorruptDataError(
         f"C4: cannot read {listed} ({type(err).__name__}: {err}); the file is truncated, not gzip, or not "
@@ -177,6 +210,24 @@ def document_dataset(
 
     Shuffled with ``shuffle_seed + epoch`` (GaLore: seed 42, one pass) and then split across
     ranks, as GaLore does (shuffle, then ``split_dataset_by_node``).
+
+    Args:
+        data_dir: Data directory.
+        split: ``"train"``, ``"val"`` or ``"validation"``.
+        source: ``"auto"`` (local files, else the hub), ``"local"`` or ``"hub"``.
+        shuffle_seed: Base shuffle seed (``None``: no shuffle).
+        shuffle_buffer: Size of the streaming shuffle buffer.
+        epoch: Pass number (added to the seed).
+        rank: This process's rank.
+        world_size: Number of processes.
+
+    Returns:
+        ``(dataset, info)`` with ``info = {"source": "local"|"hub", "files": [...]}``.
+
+    Raises:
+        ValueError: On an unknown ``source``.
+        CorruptDataError: If local files cannot be opened.
+        DataNotFoundError: If there are no local files and the hub is unavailable.
     """
     import datasets
     from datasets.distributed import split_dataset_by_node
@@ -215,8 +266,20 @@ def document_dataset(
 def iter_texts(
     ds: Iterable[dict[str, Any]], data_dir: str | Path, local_files: list[str] | None = None
 ) -> Iterator[str]:
-    """Texts of a document stream. Reading ``local_files`` fails with a CorruptDataError naming
-    them (truncated gzip, broken JSON); a hub/network failure becomes a DataNotFoundError."""
+    """Texts of a document stream, with read errors turned into clear data errors.
+
+    Args:
+        ds: The document stream (``{"text": ...}`` items).
+        data_dir: Data directory, for messages.
+        local_files: The local files behind the stream, if any.
+
+    Yields:
+        Document texts.
+
+    Raises:
+        CorruptDataError: If reading ``local_files`` fails (truncated gzip, broken JSON).
+        DataNotFoundError: On a hub/network failure.
+    """
     try:
         for doc in ds:
             yield doc["text"]
@@ -234,25 +297,58 @@ def iter_texts(
 # tokenisation
 # --------------------------------------------------------------------------------------------
 def encode_padded(tokenizer: Any, texts: list[str], max_length: int) -> tuple[Tensor, Tensor]:
-    """GaLore's per-document encoding: truncate to ``max_length``, right-pad; (ids, mask)."""
+    """GaLore's per-document encoding: truncate to ``max_length``, right-pad.
+
+    Args:
+        tokenizer: The tokenizer.
+        texts: Documents.
+        max_length: Sequence length T.
+
+    Returns:
+        ``(ids, attention_mask)``, both int64 ``(len(texts), T)``.
+    """
     enc = tokenizer(texts, max_length=max_length, truncation=True, padding="max_length", return_tensors="pt")
     return enc["input_ids"].long(), enc["attention_mask"].long()
 
 
 def encode_documents(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Whole documents (each ending in ``</s>``), for packing."""
+    """Tokenise whole documents (each ending in ``</s>``), for packing.
+
+    Args:
+        tokenizer: The tokenizer.
+        texts: Documents.
+
+    Returns:
+        One list of token ids per document.
+    """
     return tokenizer(texts, truncation=False, padding=False)["input_ids"]
 
 
 def pack(tokens: list[int], max_length: int) -> tuple[Tensor, list[int]]:
-    """Cut a token stream into full ``max_length`` windows; returns (ids, leftover tokens)."""
+    """Cut a token stream into full ``max_length`` windows.
+
+    Args:
+        tokens: The token stream.
+        max_length: Window length T.
+
+    Returns:
+        ``(ids, leftover)``: int64 ``(n, T)`` windows and the tokens after the last full one.
+    """
     n = len(tokens) // max_length
     ids = torch.tensor(tokens[: n * max_length], dtype=torch.long).view(n, max_length)
     return ids, tokens[n * max_length :]
 
 
 def next_token_labels(ids: Tensor, mask: Tensor | None = None) -> Tensor:
-    """``y[:, t] = ids[:, t+1]``, −100 where the target is padding (``mask == 0``)."""
+    """Next-token targets ``y[:, t] = ids[:, t+1]``, −100 where the target is padding.
+
+    Args:
+        ids: ``(N, T)`` input ids.
+        mask: ``(N, T)`` attention mask (0 on padding), or ``None``.
+
+    Returns:
+        ``(N, T−1)`` int64 targets.
+    """
     y = ids[:, 1:].clone()
     if mask is not None:
         y[mask[:, 1:] == 0] = IGNORE_INDEX
@@ -263,6 +359,14 @@ class VocabMap:
     """Compact vocabulary for CPU-sized models (quick profile only; see the module docstring).
 
     Keeps ``keep`` (specials first) as ids ``0 … len(keep)−1``; every other id maps to ``unk``.
+
+    Args:
+        keep: Source ids kept, in their new order (specials first).
+        source_size: The tokenizer's vocabulary size.
+        unk_id: Source id of ``<unk>`` (must be kept).
+
+    Raises:
+        ValueError: If ``unk_id`` is not kept.
     """
 
     def __init__(self, keep: list[int], source_size: int, unk_id: int) -> None:
@@ -279,6 +383,18 @@ class VocabMap:
     def from_counts(
         cls, ids: Tensor, limit: int, source_size: int, specials: list[int], unk_id: int
     ) -> VocabMap:
+        """Keep the specials and the ``limit − len(specials)`` most frequent ids of ``ids``.
+
+        Args:
+            ids: Training token ids (non-pad).
+            limit: Size of the compact vocabulary.
+            source_size: The tokenizer's vocabulary size.
+            specials: pad/eos/unk ids, placed first.
+            unk_id: Source id of ``<unk>``.
+
+        Returns:
+            The :class:`VocabMap` (ids that never occur are not kept).
+        """
         counts = torch.bincount(ids.reshape(-1), minlength=source_size).double()
         counts[torch.tensor(specials)] = -1  # specials are placed first, not by count
         order = torch.argsort(counts, descending=True, stable=True)
@@ -287,12 +403,26 @@ class VocabMap:
 
     @property
     def size(self) -> int:
+        """Size of the compact vocabulary."""
         return len(self.keep)
 
     def __call__(self, ids: Tensor) -> Tensor:
+        """Map source ids to compact ids.
+
+        Args:
+            ids: Source token ids, any shape.
+
+        Returns:
+            Compact ids of the same shape (unkept ids become ``<unk>``).
+        """
         return self.table[ids]
 
     def state_dict(self) -> dict[str, Any]:
+        """The map's definition, for records.
+
+        Returns:
+            ``{"keep": [...], "source_size": int, "unk_new": int}``.
+        """
         return {"keep": self.keep, "source_size": int(self.table.numel()), "unk_new": self.unk_new}
 
 
@@ -317,8 +447,21 @@ def tokenize_split(
 ) -> tuple[Tensor, Tensor, int]:
     """Tokenise documents until ``max_docs`` documents or ``max_tokens`` non-pad tokens.
 
-    Returns ``(ids, mask, documents used)``. The token budget counts non-pad input tokens, as
-    GaLore's evaluation does, and stops at the first document that reaches it.
+    The token budget counts non-pad input tokens, as GaLore's evaluation does, and stops at the
+    first document that reaches it.
+
+    Args:
+        tokenizer: The tokenizer.
+        texts: Documents.
+        max_length: Sequence length T.
+        packing: Concatenate documents and cut full windows (:func:`pack`) instead of
+            per-document padding.
+        max_docs: Document cap (``None``: none).
+        max_tokens: Non-pad token budget (``None``: none).
+        chunk_docs: Documents tokenised per call.
+
+    Returns:
+        ``(ids, mask, documents used)`` with int64 ``(N, T)`` ids and mask.
     """
     ids_parts, mask_parts, carry = [], [], []
     used, tokens = 0, 0
@@ -371,6 +514,24 @@ class C4TrainStream:
     emitted). Resuming skips the documents read (exact; at paper scale this re-reads the
     stream) — ``resume_mode=datasets`` instead restores HF datasets' own shard state (fast,
     but the shuffle buffer is refilled, so the order after resuming differs).
+
+    Args:
+        make_dataset: ``(epoch, rank, world_size) -> document stream``.
+        tokenizer: The tokenizer.
+        max_length: Sequence length T.
+        packing: Pack documents into full windows instead of per-document padding.
+        data_dir: Data directory, for messages.
+        vocab_map: Compact vocabulary applied to emitted ids (quick profile), or ``None``.
+        chunk_docs: Documents tokenised per producer step.
+        prefetch: Sequences queued ahead by the producer thread.
+        resume_mode: ``"skip"`` (exact: re-read and skip the documents read) or ``"datasets"``.
+        docs_per_epoch: Documents per pass (for :attr:`epoch`), when known.
+        max_epochs: Stop (``StopIteration`` from :meth:`next_batch`) after this many passes;
+            ``None``: endless.
+        local_files: The local files behind the stream, for error messages.
+
+    Raises:
+        ValueError: On an unknown ``resume_mode``.
     """
 
     def __init__(
@@ -411,26 +572,44 @@ class C4TrainStream:
 
     # -- control --------------------------------------------------------------------------------
     def start(self, rank: int = 0, world_size: int = 1) -> None:
+        """Set this process's rank (restarting the producer if it changes).
+
+        Args:
+            rank: This process's rank.
+            world_size: Number of processes.
+        """
         if (rank, world_size) != (self.rank, self.world_size):
             self.close()
         self.rank, self.world_size = rank, world_size
 
     @property
     def epoch(self) -> float:
+        """Passes over the stream so far (fractional when ``docs_per_epoch`` is known)."""
         pos = self._position
         if self.docs_per_epoch:
             return pos["epoch"] + pos["docs"] / (self.docs_per_epoch / self.world_size)
         return float(pos["epoch"])
 
     def state_dict(self) -> dict[str, Any]:
+        """Position after the last sequence handed out (for resume).
+
+        Returns:
+            ``epoch``, ``docs``, ``pending``, ``ds_state`` and ``sequences_emitted``.
+        """
         return {**self._position, "sequences_emitted": self.sequences_emitted}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict` (the producer restarts from it).
+
+        Args:
+            state: A dict returned by :meth:`state_dict`.
+        """
         self.close()
         self._position = {k: state[k] for k in ("epoch", "docs", "pending", "ds_state")}
         self.sequences_emitted = int(state.get("sequences_emitted", 0))
 
     def close(self) -> None:
+        """Stop and join the producer thread (idempotent)."""
         if self._thread is not None:
             self._stop.set()
             while self._thread.is_alive():
@@ -542,7 +721,17 @@ class C4TrainStream:
             self._thread.start()
 
     def next_batch(self, batch_size: int) -> tuple[Tensor, Tensor]:
-        """``batch_size`` sequences of this rank: ``(input_ids (B, T), labels[:, 1:] (B, T−1))``."""
+        """The next ``batch_size`` sequences of this rank.
+
+        Args:
+            batch_size: Local batch size B.
+
+        Returns:
+            ``(input_ids (B, T), labels[:, 1:] (B, T−1))``.
+
+        Raises:
+            StopIteration: When ``max_epochs`` passes have been read.
+        """
         self._ensure_thread()
         assert self._queue is not None
         rows, masks = [], []
@@ -589,10 +778,36 @@ def load_c4(
 ) -> DataBundle:
     """C4 as a :class:`DataBundle`: train in memory or as a stream, validation in memory.
 
-    ``max_positions`` (the model's position count) caps ``max_length`` — a longer configured
-    length is truncated to it with a warning, never a crash in the model. ``val_tokens`` is the
-    evaluation token budget (paper: 10M non-pad tokens) and ``num_val_docs`` a document cap;
-    with neither, all local validation documents are used (the hub split needs a budget).
+    Args:
+        data_dir: Data directory.
+        max_length: Sequence length T (GaLore: 256).
+        packing: Pack documents into full windows instead of one padded document per sequence.
+        tokenizer: Tokenizer name or path (:func:`load_tokenizer`).
+        source: ``"auto"``, ``"local"`` or ``"hub"`` (:func:`document_dataset`).
+        streaming: Serve the training data as a :class:`C4TrainStream` (paper scale) instead of
+            in memory.
+        num_train_docs: Training documents kept in memory (required for an in-memory hub
+            split).
+        num_val_docs: Validation document cap.
+        val_tokens: Evaluation token budget (paper: 10M non-pad tokens); with neither this nor
+            ``num_val_docs``, all local validation documents are used (the hub split needs a
+            budget).
+        shuffle_seed: Document shuffle seed (GaLore: 42).
+        shuffle_buffer: Streaming shuffle buffer size.
+        vocab_limit: Compact vocabulary size (quick profile only; :class:`VocabMap`).
+        max_positions: The model's position count; caps ``max_length`` — a longer configured
+            length is truncated to it with a warning, never a crash in the model.
+        resume_mode: Stream resume mode (:class:`C4TrainStream`).
+        prefetch: Sequences the stream's producer queues ahead.
+
+    Returns:
+        The bundle: ``train`` in memory or ``train_stream``, ``val`` in memory, no ``test``;
+        ``meta`` records sources, token counts and the vocabulary map.
+
+    Raises:
+        ValueError: If ``max_length < 2`` or a hub split lacks a size.
+        DataNotFoundError: If data or tokenizer are unavailable, or a split is empty.
+        CorruptDataError: If local files are unreadable.
     """
     if max_positions is not None and max_length > max_positions:
         log.warning(

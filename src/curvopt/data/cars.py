@@ -58,8 +58,19 @@ HOW_TO_GET = (
 
 # -- standardisation and splits ---------------------------------------------------------------------
 def standardize(train: Tensor, *others: Tensor, eps: float = 1e-6) -> tuple[list[Tensor], dict[str, Tensor]]:
-    """Per-coordinate ``(x − mean_train) / (std_train + eps)`` with the population std of the
-    training features, applied unchanged to the other splits (spec §7.6)."""
+    """Standardise features with training-set statistics (docs/fgn.md, "[DECIDE] choices").
+
+    Per-coordinate ``(x − mean_train) / (std_train + eps)`` with the population std of the
+    training features, applied unchanged to the other splits.
+
+    Args:
+        train: ``(n, d)`` training features (they define the statistics).
+        *others: Further splits to transform the same way.
+        eps: Added to the std.
+
+    Returns:
+        ``([train, *others] standardised, {"mean": ..., "std": ...})``.
+    """
     mean = train.mean(dim=0)
     std = train.std(dim=0, unbiased=False)
     scale = std + eps
@@ -68,8 +79,19 @@ def standardize(train: Tensor, *others: Tensor, eps: float = 1e-6) -> tuple[list
 
 
 def stratified_split(y: Tensor, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """Indices ``(keep, held_out)`` holding out ``round(fraction · n_c)`` examples of every class
-    (at least one when the fraction is positive and the class has two or more)."""
+    """Stratified hold-out: ``round(fraction · n_c)`` examples of every class c.
+
+    At least one is held out when the fraction is positive and the class has two or more, and at
+    least one is kept.
+
+    Args:
+        y: Integer labels.
+        fraction: Fraction of each class to hold out.
+        seed: Seed of the per-class shuffles.
+
+    Returns:
+        ``(keep, held_out)`` sorted index tensors.
+    """
     g = torch.Generator().manual_seed(seed)
     keep, held = [], []
     for c in torch.unique(y).tolist():
@@ -134,7 +156,8 @@ def cars196_synthetic(
     split_seed: int = 0,
     name: str = "cars196_synthetic",
 ) -> DataBundle:
-    """A deterministic Cars196-*shaped* stand-in: 196 classes, 2048-d non-negative features,
+    """A deterministic Cars196-*shaped* stand-in: 196 classes, 2048-d non-negative features.
+
     8,144 / 8,041 examples. **Synthetic** (``meta['synthetic'] = True``); numbers obtained on it
     are not Cars196 results.
 
@@ -146,6 +169,27 @@ def cars196_synthetic(
     accuracy, and its competitor mass concentrates on the sibling models (small ξ), so accuracy
     curves and FGN's diagnostics behave qualitatively like a frozen-feature head. Labels cycle
     through the classes (41-42 train examples per class, as in Cars196's average).
+
+    Args:
+        num_train: Training examples.
+        num_test: Test examples.
+        num_classes: Number of classes.
+        dim: Feature dimension.
+        num_makes: Number of makes the classes are grouped into.
+        latent_dim: Dimension of the latent class means.
+        make_scale: Standard deviation of the make centres.
+        model_scale: Standard deviation of a class's offset from its make centre.
+        noise_scale: Standard deviation of the per-example latent noise.
+        nuisance_scale: Standard deviation of the per-coordinate noise after the projection.
+        seed: Seed of every draw.
+        standardize_features: Standardise with training statistics (:func:`standardize`).
+        eps: Added to the std when standardising.
+        val_fraction: Fraction of each class held out of train as validation (0: none).
+        split_seed: Seed of the validation hold-out.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        The bundle, ``meta["synthetic"] = True``.
     """
     g = torch.Generator().manual_seed(seed)
     make_of_class = torch.arange(num_classes) % num_makes
@@ -199,7 +243,17 @@ def _feature_cache_name(weights: str) -> str:
 
 
 def load_feature_cache(path: Path) -> dict[str, Tensor]:
-    """Read and check a feature cache (``.pt`` dict or ``.npz`` with the same keys)."""
+    """Read and check a feature cache (``.pt`` dict or ``.npz`` with the same keys).
+
+    Args:
+        path: The cache file.
+
+    Returns:
+        ``train_x``/``test_x`` float32 and ``train_y``/``test_y`` int64.
+
+    Raises:
+        ValueError: If a key is missing, shapes disagree or labels are outside ``[0, 196)``.
+    """
     if path.suffix == ".npz":
         with np.load(path) as f:
             raw = {k: torch.from_numpy(f[k]) for k in f.files}
@@ -296,8 +350,22 @@ def extract_resnet50_features(
     device: str = "cpu",
     batch_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
-    """Frozen ResNet-50 (``fc = Identity``, eval mode) on ``(PIL image, label)`` pairs with the
-    weights' own transform; returns float32 ``(n, 2048)`` features and int64 labels."""
+    """Frozen ResNet-50 features (``fc = Identity``, eval mode) with the weights' own transform.
+
+    Args:
+        images: ``(PIL image, label)`` pairs.
+        weights: ``"IMAGENET1K_V2"`` or ``"IMAGENET1K_V1"``.
+        device: Device of the forward passes.
+        batch_size: Images per forward pass.
+
+    Returns:
+        ``(features, labels)``: float32 ``(n, 2048)`` and int64 ``(n,)``.
+
+    Raises:
+        ImportError: If torchvision is missing.
+        ValueError: On unknown weights.
+        DataNotFoundError: If the weights cannot be loaded.
+    """
     tv = _import_torchvision()
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
@@ -335,7 +403,22 @@ def extract_resnet50_features(
 def build_feature_cache(
     data_dir: Path, cache_path: Path, weights: str, hf_dataset: str | None, device: str, batch_size: int
 ) -> Path | None:
-    """Extract features from whichever image source exists; ``None`` when there is none."""
+    """Extract features from whichever image source exists and save them as a cache.
+
+    Sources, in order: an image folder, TorchVision's StanfordCars layout, a Hugging Face
+    dataset (module docstring).
+
+    Args:
+        data_dir: Data directory (sources are looked up under ``cars196/``).
+        cache_path: Where to write the cache.
+        weights: ResNet-50 weights name.
+        hf_dataset: Hugging Face dataset id or path (default ``<data_dir>/cars196/hf`` if present).
+        device: Device of the extraction.
+        batch_size: Images per forward pass.
+
+    Returns:
+        ``cache_path``, or ``None`` when no image source exists.
+    """
     root = data_dir / "cars196"
     sources: list[tuple[str, Any]] = []
     for finder, sub in ((_image_folder_items, "images"), (_stanford_layout_items, "stanford_cars")):
@@ -385,11 +468,33 @@ def cars196(
     extract_batch_size: int = 64,
     name: str = "cars196",
 ) -> DataBundle:
-    """Real Cars196 ResNet-50 features (module docstring). ``source``: ``auto`` | ``features``
-    (cache only) | ``images`` (extract, then cache). ``weights``: ``IMAGENET1K_V2`` (TorchVision's
-    DEFAULT, resize 232 / crop 224; [DECIDE] the paper does not say) or ``IMAGENET1K_V1``.
-    ``val_fraction > 0`` holds out a stratified validation split of train (the paper's selection
-    protocol); standardisation statistics then come from the remaining train part."""
+    """Real Cars196 ResNet-50 features (module docstring).
+
+    Args:
+        data_dir: Data directory.
+        source: ``"auto"`` | ``"features"`` (cache only) | ``"images"`` (extract, then cache).
+        cache_dir: Extra cache location (searched, and written instead of
+            ``<data_dir>/cars196/features``).
+        weights: ``"IMAGENET1K_V2"`` (TorchVision's DEFAULT, resize 232 / crop 224; the paper
+            does not say, a [DECIDE] item in docs/decisions.md) or ``"IMAGENET1K_V1"``.
+        hf_dataset: Hugging Face dataset id or path to extract from.
+        standardize_features: Standardise with training statistics.
+        eps: Added to the std when standardising.
+        val_fraction: ``> 0`` holds out a stratified validation split of train (the paper's
+            selection protocol); standardisation statistics then come from the remaining train
+            part.
+        split_seed: Seed of the validation hold-out.
+        extract_device: Device of a feature extraction.
+        extract_batch_size: Images per forward pass of a feature extraction.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        The bundle.
+
+    Raises:
+        ValueError: On an unknown ``source`` or a malformed cache.
+        DataNotFoundError: If neither a cache nor images are found.
+    """
     if source not in ("auto", "features", "images"):
         raise ValueError(f"source must be auto | features | images, got {source!r}")
     root = Path(data_dir)

@@ -1,9 +1,11 @@
-"""CURVES (Hinton & Salakhutdinov 2006): the real ``digs3pts_1.mat`` when present, otherwise a
-seeded **CURVES-like** generator.
+"""CURVES (Hinton & Salakhutdinov 2006): the real ``digs3pts_1.mat`` if present, else a generator.
+
+Without the file, a seeded **CURVES-like** generator stands in.
 
 The original data set (Martens' ``digs3pts_1.mat``: ``bdata`` 20,000 × 784 training rows,
 ``bdatatest`` 10,000 × 784 test rows, intensities in [0, 1]) could not be obtained here
-(shared/data/curves/NOT_FOUND.md). Its published description: 28×28 images of curves drawn
+(docs/shf.md, "Reproducing Figure 2, Figure 3 and Table 2"). Its published description: 28×28
+images of curves drawn
 through three random points in 2-D, so the intrinsic dimensionality is 6. The exact rendering
 recipe lives in the 2006 paper's supplementary material, which was not available, so the generator
 below is an *approximation* of that recipe and everything produced by it is labelled
@@ -20,7 +22,7 @@ Generator (version ``GENERATOR_VERSION``):
   (``segments + 1`` samples along it) gives intensity ``clip(w/2 + ½ − d, 0, 1)`` — full ink
   within half the stroke width ``w``, a one-pixel linear ramp outside.
 
-Splits follow the SHF spec (§3.1 [DECIDE]): train = the 20,000 ``bdata`` rows; the 10,000
+Splits (a [DECIDE] item, docs/decisions.md): train = the 20,000 ``bdata`` rows; the 10,000
 ``bdatatest`` rows are split at random (``split_seed``) into 8,000 test and 2,000 validation.
 The generator's 30,000 images play the roles of ``bdata`` (first 20,000) and ``bdatatest``.
 Generated sets are cached as ``.npz`` under ``<data_dir>/curves_like/``, or under
@@ -114,10 +116,22 @@ def generate_curves(
     parametrisation: str = "chord",
     block: int = 1000,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` CURVES-like images ``(n, 784)`` float32 in [0, 1] and their control points ``(n, 3, 2)``.
+    """Generate ``n`` CURVES-like images (module docstring).
 
     Deterministic in ``seed``; the control points are drawn in one call, so the first ``k``
     images are the same for every ``n ≥ k``. Rows are row-major 28×28 images (x = column).
+
+    Args:
+        n: Number of images.
+        seed: Seed of the control points.
+        stroke_width: Stroke width w in pixels.
+        margin: Control points are uniform in ``[margin, 27 − margin]²``.
+        segments: Samples along each curve are ``segments + 1``.
+        parametrisation: ``"chord"`` or ``"uniform"`` (τ = ½).
+        block: Images rendered per batch (memory).
+
+    Returns:
+        ``(images, control_points)``: ``(n, 784)`` float32 in [0, 1] and ``(n, 3, 2)`` float32.
     """
     rng = np.random.default_rng(seed)
     ctrl = rng.uniform(margin, SIDE - 1 - margin, size=(n, 3, 2))
@@ -130,7 +144,17 @@ def generate_curves(
 
 # -- files --------------------------------------------------------------------------------------------
 def read_curves_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(bdata, bdatatest)`` as ``(N, 784)`` float32 from Martens' file (MATLAB v5 or v7.3)."""
+    """Read Martens' ``digs3pts_1.mat`` (MATLAB v5, or v7.3 with h5py).
+
+    Args:
+        path: The ``.mat`` file.
+
+    Returns:
+        ``(bdata, bdatatest)`` as ``(N, 784)`` float32.
+
+    Raises:
+        CorruptDataError: If the file is unreadable or the variables are missing or misshapen.
+    """
     try:
         import scipy.io
 
@@ -194,7 +218,25 @@ def curves_like_arrays(
     cache: bool = True,
     cache_dir: str | Path | None = None,
 ) -> tuple[np.ndarray, np.ndarray, str]:
-    """The generated ``(bdata, bdatatest, where)``; loaded from / written to the ``.npz`` cache."""
+    """The generated CURVES-like ``bdata`` and ``bdatatest``, through a ``.npz`` cache.
+
+    The cache is looked up in ``<data_dir>/curves_like/`` then ``<cache_dir>/curves_like/`` and
+    written to the first writable one (a read-only data directory is never written to).
+
+    Args:
+        data_dir: Data directory (``None``: only ``cache_dir``).
+        seed: Generator seed.
+        n_train: Images playing ``bdata``.
+        n_test: Images playing ``bdatatest``.
+        stroke_width: Stroke width in pixels.
+        parametrisation: ``"chord"`` or ``"uniform"``.
+        cache: Read and write the cache.
+        cache_dir: Second cache location.
+
+    Returns:
+        ``(bdata, bdatatest, where)``: the arrays and the cache file used (or
+        ``"generated (not cached)"``).
+    """
     fname = _cache_file_name(seed, n_train, n_test, stroke_width, parametrisation)
     candidates = []
     if data_dir is not None:
@@ -247,13 +289,38 @@ def load_curves(
 ) -> DataBundle:
     """CURVES as a :class:`DataBundle` (autoencoder targets ``y = x``).
 
-    ``source='auto'`` reads ``<data_dir>/curves/digs3pts_1.mat`` when it exists and otherwise
-    uses the CURVES-like generator (logged, and ``meta['synthetic'] = True``, ``name =
-    'curves_like'``); ``'real'`` insists on the file; ``'synthetic'`` always generates.
     Train = the first ``num_train`` ``bdata`` rows; validation and test are disjoint random
-    subsets (``split_seed``) of ``bdatatest``: ``num_val`` validation rows, then ``num_test`` test
-    rows (``None``: all the rest). ``generated_train/test`` set how many CURVES-like images play
-    ``bdata``/``bdatatest`` (the original's 20,000 / 10,000 by default; smaller only for tests).
+    subsets (``split_seed``) of ``bdatatest``.
+
+    Args:
+        data_dir: Data directory (``None``: generate, cache only in ``cache_dir``).
+        num_train: First ``bdata`` rows used for training (``None``: all).
+        num_val: Validation rows drawn from ``bdatatest`` (0: no validation split).
+        num_test: Test rows drawn from the rest of ``bdatatest`` (``None``: all the rest).
+        split_seed: Seed of the validation/test split (``None``: file order).
+        source: ``"auto"`` reads ``<data_dir>/curves/digs3pts_1.mat`` when it exists and
+            otherwise uses the CURVES-like generator (logged, and ``meta['synthetic'] = True``,
+            ``name = 'curves_like'``); ``"real"`` insists on the file; ``"synthetic"`` always
+            generates.
+        generator_seed: Seed of the CURVES-like generator.
+        stroke_width: Generator stroke width in pixels.
+        parametrisation: Generator parametrisation, ``"chord"`` or ``"uniform"``.
+        cache: Use the generator's ``.npz`` cache.
+        cache_dir: Second cache location (when the data directory is read-only).
+        target: Must be ``"image"`` (CURVES has no labels).
+        dtype: Dtype of the tensors.
+        generated_train: CURVES-like images playing ``bdata`` (the original's 20,000; smaller
+            only for tests).
+        generated_test: CURVES-like images playing ``bdatatest`` (the original's 10,000).
+
+    Returns:
+        The bundle.
+
+    Raises:
+        ValueError: On an unknown ``source``, a ``target`` other than ``"image"`` or more
+            training rows than exist.
+        DataNotFoundError: If ``source="real"`` and the file is missing.
+        CorruptDataError: If the file is unreadable.
     """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")

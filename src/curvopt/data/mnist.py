@@ -42,7 +42,18 @@ HOW_TO_GET = (
 
 
 def parse_idx(raw: bytes, name: str) -> np.ndarray:
-    """Decode an IDX byte string (big-endian header: magic, dims) into a uint8 array."""
+    """Decode an IDX byte string (big-endian header: magic, dims) into a uint8 array.
+
+    Args:
+        raw: The decompressed file content.
+        name: File name, for messages.
+
+    Returns:
+        The array, shaped as the header says.
+
+    Raises:
+        CorruptDataError: On a bad magic number or a size that does not match the header.
+    """
     if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise CorruptDataError(f"{name}: not an unsigned-byte IDX file (bad magic number)")
     ndim = raw[3]
@@ -64,7 +75,20 @@ def _find(directory: Path, stem: str) -> Path | None:
 
 
 def read_mnist_idx(data_dir: str | Path, verify: bool = True) -> dict[str, np.ndarray]:
-    """Read and check the four IDX files; raise :class:`DataNotFoundError` if any is missing."""
+    """Read and check the four IDX files (``.gz`` or uncompressed).
+
+    Args:
+        data_dir: Data directory (searched in ``mnist/``, ``MNIST/raw/`` and itself).
+        verify: Check the md5 of the decompressed bytes against :data:`MNIST_FILES`.
+
+    Returns:
+        File stem → uint8 array.
+
+    Raises:
+        DataNotFoundError: If any file is missing (the message lists them).
+        CorruptDataError: If a file cannot be decompressed, fails the checksum or has the wrong
+            shape.
+    """
     directory = Path(data_dir)
     arrays, missing = {}, []
     for stem, (md5, shape) in MNIST_FILES.items():
@@ -120,9 +144,29 @@ def load_mnist(
 ) -> DataBundle:
     """MNIST as a :class:`DataBundle` with pixels in [0, 1].
 
-    ``target='image'`` gives autoencoder targets (y = x); ``'label'`` gives class indices.
     Train and validation are disjoint subsets of the official 60k training set (seeded
     permutation); test is the official 10k (first ``num_test`` of them).
+
+    Args:
+        data_dir: Data directory.
+        num_train: Training images from the official training set.
+        num_val: Validation images from the official training set (0: none).
+        num_test: First images of the official test set (``None``: all 10k).
+        target: ``"image"`` (autoencoder targets, y = x) or ``"label"`` (class indices).
+        flatten: Return ``(N, 784)`` vectors; otherwise ``(N, 1, 28, 28)`` images.
+        split_seed: Seed of the train/validation permutation (``None``: file order).
+        allow_download: Fall back to HF ``datasets`` when the files are missing and the hub is
+            reachable.
+        dtype: Dtype of the pixel tensors.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        The bundle; ``meta["source"]`` is the directory or the HF dataset id.
+
+    Raises:
+        DataNotFoundError: If the files are missing and cannot be downloaded.
+        CorruptDataError: If a file is corrupt.
+        ValueError: On an unknown ``target``.
     """
     try:
         arrays = read_mnist_idx(data_dir)

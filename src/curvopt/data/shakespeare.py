@@ -44,7 +44,14 @@ HOW_TO_GET = (
 
 
 def tfds_splits(text: bytes) -> dict[str, bytes]:
-    """The TFDS / HF ``tiny_shakespeare`` 90/5/5 split of the raw text."""
+    """The TFDS / HF ``tiny_shakespeare`` 90/5/5 split of the raw text.
+
+    Args:
+        text: The whole file as bytes.
+
+    Returns:
+        ``{"train", "validation", "test"}`` → bytes.
+    """
     i = int(len(text) * 0.9)
     rest = text[i:]
     j = int(len(rest) * 0.5)
@@ -52,8 +59,18 @@ def tfds_splits(text: bytes) -> dict[str, bytes]:
 
 
 def to_sequences(text: bytes, sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets), both int64 ``(N, sequence_length)``: next-byte pairs cut into
-    non-overlapping windows (remainder dropped)."""
+    """Next-byte pairs cut into non-overlapping windows (remainder dropped).
+
+    Args:
+        text: One split as ASCII bytes.
+        sequence_length: Window length T.
+
+    Returns:
+        ``(inputs, targets)``, both int64 ``(N, T)``.
+
+    Raises:
+        CorruptDataError: If the text holds non-ASCII bytes.
+    """
     codes = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
     if codes.size and codes.max() >= NUM_CHARS:
         raise CorruptDataError("text has non-ASCII bytes; the model's vocabulary is 128 byte values")
@@ -67,6 +84,21 @@ def to_sequences(text: bytes, sequence_length: int) -> tuple[torch.Tensor, torch
 
 
 def read_text(data_dir: str | Path, allow_download: bool = True, verify: bool = True) -> tuple[bytes, str]:
+    """The raw Tiny Shakespeare text, from ``<data_dir>/tiny_shakespeare/input.txt`` or HF ``datasets``.
+
+    Args:
+        data_dir: Data directory.
+        allow_download: Fall back to HF ``datasets`` when the file is missing and the hub is
+            reachable.
+        verify: Check the file's sha256 against :data:`SHA256`.
+
+    Returns:
+        ``(text, source)``: the bytes and the file path or HF dataset id.
+
+    Raises:
+        CorruptDataError: If the checksum differs.
+        DataNotFoundError: If the file is missing and cannot be downloaded.
+    """
     directory = Path(data_dir)
     for path in (directory / "tiny_shakespeare" / "input.txt", directory / "tinyshakespeare" / "input.txt"):
         if path.is_file():
@@ -100,8 +132,24 @@ def load_tiny_shakespeare(
     allow_download: bool = True,
     name: str = "tiny_shakespeare",
 ) -> DataBundle:
-    """Training sequences, and the ``val_split`` sequences (``test``: the authors' choice;
-    ``validation``: the split TFDS calls so) as ``val``. ``num_*`` keep the first sequences."""
+    """Tiny Shakespeare as training sequences and one evaluation split (as ``val``).
+
+    Args:
+        data_dir: Data directory.
+        sequence_length: Sequence length T (the authors: 128).
+        val_split: Split served as ``val``: ``"test"`` (the authors' choice) or
+            ``"validation"`` (the split TFDS calls so).
+        num_train: Keep the first training sequences only (``None``: all).
+        num_val: Keep the first evaluation sequences only (``None``: all).
+        allow_download: As in :func:`read_text`.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        The bundle (no ``test`` split); targets are int64 ``(N, T)``.
+
+    Raises:
+        ValueError: On an unknown ``val_split``.
+    """
     if val_split not in ("test", "validation"):
         raise ValueError(f"val_split must be 'test' or 'validation', got {val_split!r}")
     text, source = read_text(data_dir, allow_download)

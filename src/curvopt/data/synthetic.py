@@ -20,7 +20,21 @@ def gaussian_classification(
     seed: int = 0,
     name: str = "gaussian_classification",
 ) -> DataBundle:
-    """Gaussian class clusters around random means: a learnable multiclass problem."""
+    """Gaussian class clusters around random means: a learnable multiclass problem.
+
+    Args:
+        num_train: Training examples.
+        num_val: Validation examples.
+        num_test: Test examples.
+        dim: Input dimension.
+        num_classes: Number of classes (means drawn from ``N(0, 4I)``).
+        noise: Standard deviation of the points around their class mean.
+        seed: Seed of every draw.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        A :class:`~curvopt.api.DataBundle` with integer labels, ``meta["synthetic"] = True``.
+    """
     g = torch.Generator().manual_seed(seed)
     means = torch.randn(num_classes, dim, generator=g) * 2.0
 
@@ -45,7 +59,23 @@ def low_rank_images(
     seed: int = 0,
     name: str = "low_rank_images",
 ) -> DataBundle:
-    """Vectors in [0, 1] lying near a low-dimensional manifold: an autoencoder can learn them."""
+    """Vectors in [0, 1] lying near a low-dimensional manifold: an autoencoder can learn them.
+
+    Each example is ``sigmoid(z B)`` with ``z ~ N(0, I_rank)`` and a fixed random ``B``; targets
+    equal inputs.
+
+    Args:
+        num_train: Training examples.
+        num_val: Validation examples.
+        num_test: Test examples.
+        dim: Vector dimension.
+        rank: Dimension of the latent ``z``.
+        seed: Seed of every draw.
+        name: ``meta["name"]`` of the bundle.
+
+    Returns:
+        A :class:`~curvopt.api.DataBundle` of ``(x, x)`` pairs, ``meta["synthetic"] = True``.
+    """
     g = torch.Generator().manual_seed(seed)
     basis = torch.randn(rank, dim, generator=g)
 

@@ -4,10 +4,11 @@ The paper uses Sam Roweis' ``usps_all.mat``: 11,000 images (1,100 per digit), 16
 variable ``data`` of shape 256 × 1100 × 10 (slice ``j`` = digit ``j+1`` for ``j = 0..8``, slice 9 =
 digit 0). Each 256-vector is a **column-major** 16×16 image, so ``reshape(16, 16).T`` (NumPy) makes
 it upright; rows of the returned matrices are the upright images flattened row-major, pixels
-scaled to [0, 1] (``/255``), nothing else (spec §3.1).
+scaled to [0, 1] (``/255``), nothing else.
 
-Split (Table 1, "train - test - val" = 8000 - 2000 - 1000; spec §3.1 [DECIDE]): one seeded
-permutation of the 11,000 images, cut into 8,000 train, then 1,000 validation, then 2,000 test.
+Split (Table 1, "train - test - val" = 8000 - 2000 - 1000; the paper does not say how, a [DECIDE]
+item listed in docs/decisions.md): one seeded permutation of the 11,000 images, cut into 8,000
+train, then 1,000 validation, then 2,000 test.
 
 Fallback ``usps.h5`` (ESL / Hastie et al., 7,291 + 2,007 deslanted images in [-1, 1] stored as
 ``(x+1)/2``): a *different* preprocessing of fewer images, used only when the ``.mat`` is absent
@@ -50,7 +51,18 @@ def _find(data_dir: Path, name: str) -> Path | None:
 
 
 def read_usps_roweis(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(images (11000, 256) uint8 upright row-major, labels (11000,) digit)`` from usps_all.mat."""
+    """Read Sam Roweis' ``usps_all.mat``.
+
+    Args:
+        path: The ``.mat`` file.
+
+    Returns:
+        ``(images, labels)``: ``(11000, 256)`` uint8 upright images flattened row-major, and the
+        ``(11000,)`` digits.
+
+    Raises:
+        CorruptDataError: If the file cannot be read or ``data`` is not uint8 256×1100×10.
+    """
     import scipy.io
 
     try:
@@ -70,8 +82,18 @@ def read_usps_roweis(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_usps_esl(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(images (9298, 256) float32 in [0, 1] upright, labels)`` from the ESL ``usps.h5``
-    (train rows first, then test rows)."""
+    """Read the ESL ``usps.h5`` (train rows first, then test rows).
+
+    Args:
+        path: The HDF5 file (groups ``train``/``test`` with ``data`` and ``target``).
+
+    Returns:
+        ``(images, labels)``: ``(9298, 256)`` float32 upright images in [0, 1] and int64 labels.
+
+    Raises:
+        DataNotFoundError: If ``h5py`` is not installed.
+        CorruptDataError: If the file does not have the expected layout.
+    """
     try:
         import h5py
     except ImportError as err:
@@ -100,8 +122,26 @@ def load_usps(
     target: str = "image",
     dtype: torch.dtype = torch.float32,
 ) -> DataBundle:
-    """USPS as a :class:`DataBundle` with pixels in [0, 1] (``target='image'``: y = x;
-    ``'label'``: digit classes). See the module docstring for files and splits."""
+    """USPS as a :class:`DataBundle` with pixels in [0, 1]; see the module docstring.
+
+    Args:
+        data_dir: Data directory (searched in ``usps/``, ``USPS/`` and itself).
+        num_train: Training images (shrunk with a warning if the ESL file has too few).
+        num_val: Validation images (0: no validation split).
+        num_test: Test images (0: no test split).
+        split_seed: Seed of the split permutation (``None``: file order).
+        source: ``"auto"`` (Roweis' ``.mat``, else the ESL ``.h5``), ``"roweis"`` or ``"esl"``.
+        target: ``"image"`` (y = x, the autoencoder) or ``"label"`` (digit classes).
+        dtype: Dtype of the pixel tensors.
+
+    Returns:
+        The bundle; ``meta`` records the file used (``source``, ``source_kind``).
+
+    Raises:
+        ValueError: On an unknown ``source``/``target`` or splits that cannot fit.
+        DataNotFoundError: If no usable file is found.
+        CorruptDataError: If the file is unreadable.
+    """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     directory = Path(data_dir)

@@ -4,8 +4,9 @@ FOSI's Extreme Spectrum Estimation (ESE, FOSI paper Algorithm 1) needs the k lar
 smallest eigenpairs of a Hessian that is only available as a matrix-vector product. This module
 does that for any callable ``matvec(v) -> A v``; it knows nothing about networks.
 
-Numerics follow the FOSI authors' Lanczos (docs/fosi.md, "[DECIDE] choices and deviations from
-the authors' code"), with these deliberate changes:
+Numerics follow the FOSI authors' Lanczos (docs/fosi.md, "Choices where the paper is silent, and
+deviations from the authors' code"; docs/decisions.md, FOSI-D, FOSI-Q, FOSI-R), with these
+deliberate changes:
 
 * **float64 basis, operator in its own dtype.** All Lanczos arithmetic (basis ``Q``, α, β, the
   tridiagonal ``T``, its eigendecomposition and the Ritz vectors) is float64; each basis vector

@@ -9,10 +9,10 @@ The user provides the audio (the authors used the Kaggle sets ``zfturbo/audioset
     <data_dir>/audioset/valid.csv
     <data_dir>/audioset/valid_wav/<YTID>.wav
 
-Each file becomes ≈10 examples by the VGGish recipe (docs/fosi_tasks.md, "Tasks"): mono, resample to 16 kHz, STFT
-with a 25 ms periodic-Hann window, 10 ms hop and a 512-point FFT, 64 HTK-mel bands over
-125–7500 Hz, ``log(mel + 0.01)``, cut into non-overlapping 96-frame (0.96 s) patches. Every patch
-inherits its file's multi-hot label.
+Each file becomes ≈10 examples by the VGGish recipe (docs/fosi_tasks.md, "Data and weights"):
+mono, resample to 16 kHz, STFT with a 25 ms periodic-Hann window, 10 ms hop and a 512-point FFT,
+64 HTK-mel bands over 125–7500 Hz, ``log(mel + 0.01)``, cut into non-overlapping 96-frame (0.96 s)
+patches. Every patch inherits its file's multi-hot label.
 
 Encoding (``encoding``):
 

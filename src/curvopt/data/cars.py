@@ -58,7 +58,7 @@ HOW_TO_GET = (
 
 # -- standardisation and splits ---------------------------------------------------------------------
 def standardize(train: Tensor, *others: Tensor, eps: float = 1e-6) -> tuple[list[Tensor], dict[str, Tensor]]:
-    """Standardise features with training-set statistics (docs/fgn.md, "[DECIDE] choices").
+    """Standardise features with training-set statistics (docs/decisions.md, FGN-6).
 
     Per-coordinate ``(x − mean_train) / (std_train + eps)`` with the population std of the
     training features, applied unchanged to the other splits.
@@ -476,7 +476,7 @@ def cars196(
         cache_dir: Extra cache location (searched, and written instead of
             ``<data_dir>/cars196/features``).
         weights: ``"IMAGENET1K_V2"`` (TorchVision's DEFAULT, resize 232 / crop 224; the paper
-            does not say, a [DECIDE] item in docs/decisions.md) or ``"IMAGENET1K_V1"``.
+            does not say; docs/decisions.md, FGN-6) or ``"IMAGENET1K_V1"``.
         hf_dataset: Hugging Face dataset id or path to extract from.
         standardize_features: Standardise with training statistics.
         eps: Added to the std when standardising.

@@ -33,7 +33,13 @@ def _haiku_linear_init_(weight: Tensor, bias: Tensor | None, fan_in: int) -> Non
 
 
 class HaikuLSTM(nn.Module):
-    """One LSTM layer, batch-first, gates from a single ``(4H, in + H)`` matrix."""
+    """One LSTM layer, batch-first, gates from a single ``(4H, in + H)`` matrix (haiku's cell).
+
+    Args:
+        input_size: Input features per step.
+        hidden_size: Hidden size H.
+        forget_bias: Constant added to the forget-gate pre-activation (haiku: 1).
+    """
 
     def __init__(self, input_size: int, hidden_size: int, forget_bias: float = 1.0) -> None:
         super().__init__()
@@ -43,8 +49,15 @@ class HaikuLSTM(nn.Module):
         _haiku_linear_init_(self.weight, self.bias, input_size + hidden_size)
 
     def forward(self, x_proj: Tensor) -> Tensor:
-        """``x_proj``: the input half of the gate pre-activations, ``(B, T, 4H)``, bias included.
-        Returns the hidden states ``(B, T, H)``."""
+        """Run the recurrence from a zero state.
+
+        Args:
+            x_proj: The input half of the gate pre-activations, ``(B, T, 4H)``, bias included
+                (:meth:`project_inputs`).
+
+        Returns:
+            The hidden states ``(B, T, H)``.
+        """
         b, t, _ = x_proj.shape
         hsz = self.hidden_size
         w_h = self.weight[:, self.input_size :]
@@ -60,11 +73,28 @@ class HaikuLSTM(nn.Module):
         return torch.stack(outputs, dim=1)
 
     def project_inputs(self, x: Tensor) -> Tensor:
-        """Input half of the gates for a dense input ``(B, T, in)``."""
+        """Input half of the gate pre-activations (bias included) for a dense input.
+
+        Args:
+            x: ``(B, T, input_size)``.
+
+        Returns:
+            ``(B, T, 4H)``.
+        """
         return F.linear(x, self.weight[:, : self.input_size], self.bias)
 
 
 class CharLSTM(nn.Module):
+    """The character LSTM of the module docstring.
+
+    Args:
+        vocab_size: Number of byte values (input one-hot size and output classes).
+        hidden_size: Hidden size of both LSTM layers.
+        mlp_hidden: Width of the per-step MLP's hidden layer.
+        forget_bias: Forget-gate offset of both LSTM layers.
+        input_lookup: Compute the one-hot input product as an embedding lookup (same function).
+    """
+
     def __init__(
         self,
         vocab_size: int = 128,
@@ -83,7 +113,14 @@ class CharLSTM(nn.Module):
         _haiku_linear_init_(self.fc2.weight, self.fc2.bias, mlp_hidden)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """``tokens``: int64 ``(B, T)`` byte codes → logits ``(B, T, vocab)``."""
+        """Next-byte logits.
+
+        Args:
+            tokens: int64 ``(B, T)`` byte codes.
+
+        Returns:
+            Logits ``(B, T, vocab_size)``.
+        """
         if self.input_lookup:
             w_x = self.lstm1.weight[:, : self.vocab_size]  # (4H, vocab): column c = one_hot(c)'s image
             x_proj = F.embedding(tokens, w_x.t()) + self.lstm1.bias
@@ -102,5 +139,16 @@ def char_lstm(
     forget_bias: float = 1.0,
     input_lookup: bool = True,
 ) -> CharLSTM:
-    """Hydra builder (``conf/model/fosi_char_lstm.yaml``)."""
+    """Hydra builder (``conf/model/fosi_char_lstm.yaml``).
+
+    Args:
+        vocab_size: As in :class:`CharLSTM`.
+        hidden_size: As in :class:`CharLSTM`.
+        mlp_hidden: As in :class:`CharLSTM`.
+        forget_bias: As in :class:`CharLSTM`.
+        input_lookup: As in :class:`CharLSTM`.
+
+    Returns:
+        The model.
+    """
     return CharLSTM(vocab_size, hidden_size, mlp_hidden, forget_bias, input_lookup)

@@ -4,7 +4,7 @@ Encoder: Conv 32 s2 → Conv 32 → Conv 64 s2 → Conv 64 → Conv 64 s2 → fl
 decoder: Dense 1024 → 4×4×64 → ConvT 64 s2 → Conv 64 → ConvT 32 s2 → Conv 32 → ConvT 3 s2 → tanh.
 All kernels 3×3, GELU (flax's default tanh approximation) between layers; 468,227 parameters.
 
-Padding follows the spec's PyTorch equivalent (``Conv2d(padding=1)``, ``ConvTranspose2d(padding=1,
+Padding follows the usual PyTorch equivalent (``Conv2d(padding=1)``, ``ConvTranspose2d(padding=1,
 output_padding=1)``); flax's SAME padding of the stride-2 layers sits one pixel differently, which
 changes nothing about the function class. Initialisation follows flax (LeCun normal, truncated at
 ±2σ and rescaled to variance 1/fan_in; zero biases), since it sets the early curvature FOSI sees.
@@ -25,7 +25,13 @@ def _lecun_normal_(weight: Tensor, fan_in: int) -> None:
 
 
 def init_flax_(module: nn.Module) -> None:
-    """LeCun-normal weights and zero biases for every Linear / Conv / ConvTranspose in ``module``."""
+    """LeCun-normal weights and zero biases for every Linear / Conv / ConvTranspose in ``module``.
+
+    As flax: truncated at ±2σ and rescaled to variance ``1/fan_in`` (in place).
+
+    Args:
+        module: The module whose submodules are initialised.
+    """
     for m in module.modules():
         if isinstance(m, nn.Linear):
             _lecun_normal_(m.weight, m.in_features)
@@ -41,6 +47,18 @@ def init_flax_(module: nn.Module) -> None:
 
 
 class ConvAutoencoder(nn.Module):
+    """The convolutional autoencoder of the module docstring (32×32 inputs).
+
+    Args:
+        c_hid: Channels of the first stage (the second has ``2·c_hid``).
+        latent_dim: Size of the code.
+        in_channels: Image channels.
+        init: ``"flax"`` (:func:`init_flax_`) or ``"torch"`` (PyTorch's defaults).
+
+    Raises:
+        ValueError: On an unknown ``init``.
+    """
+
     def __init__(
         self, c_hid: int = 32, latent_dim: int = 128, in_channels: int = 3, init: str = "flax"
     ) -> None:
@@ -84,6 +102,14 @@ class ConvAutoencoder(nn.Module):
             raise ValueError(f"init must be 'flax' or 'torch', got {init!r}")
 
     def forward(self, x: Tensor) -> Tensor:
+        """Reconstruct a batch of images.
+
+        Args:
+            x: ``(B, in_channels, 32, 32)`` images.
+
+        Returns:
+            The reconstructions, same shape, in ``(−1, 1)`` (tanh).
+        """
         z = self.encoder(x)
         h = self.decoder_input(z).view(x.shape[0], self.c2, 4, 4)
         return self.decoder(h)
@@ -92,5 +118,15 @@ class ConvAutoencoder(nn.Module):
 def conv_autoencoder(
     c_hid: int = 32, latent_dim: int = 128, in_channels: int = 3, init: str = "flax"
 ) -> ConvAutoencoder:
-    """Hydra builder (``conf/model/fosi_conv_ae.yaml``)."""
+    """Hydra builder (``conf/model/fosi_conv_ae.yaml``).
+
+    Args:
+        c_hid: As in :class:`ConvAutoencoder`.
+        latent_dim: As in :class:`ConvAutoencoder`.
+        in_channels: As in :class:`ConvAutoencoder`.
+        init: As in :class:`ConvAutoencoder`.
+
+    Returns:
+        The model.
+    """
     return ConvAutoencoder(c_hid, latent_dim, in_channels, init)

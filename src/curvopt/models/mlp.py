@@ -26,9 +26,17 @@ def _activation(name: str | None) -> nn.Module | None:
 
 @torch.no_grad()
 def sparse_init_(layer: nn.Linear, count: int, std: float, generator: torch.Generator | None = None) -> None:
-    """Martens' sparse initialisation (SHF Eq. 9): each unit gets ``min(count, fan_in)`` non-zero
-    incoming weights drawn from N(0, std²), at input positions chosen without replacement;
-    biases are zero. Keeps every unit's input scale independent of the layer width.
+    """Martens' sparse initialisation (SHF Eq. 9), in place.
+
+    Each unit gets ``min(count, fan_in)`` non-zero incoming weights drawn from N(0, std²), at
+    input positions chosen without replacement; biases are zero. Keeps every unit's input scale
+    independent of the layer width.
+
+    Args:
+        layer: The layer to initialise.
+        count: Non-zero incoming weights per unit.
+        std: Standard deviation of the non-zero weights.
+        generator: Random generator (the global one if ``None``).
     """
     out_features, in_features = layer.weight.shape
     k = min(count, in_features)
@@ -50,7 +58,23 @@ def mlp(
     sparse_init_count: int = 15,
     sparse_init_std: float = 1.0,
 ) -> nn.Sequential:
-    """``sizes[0] → … → sizes[-1]`` with ``activation`` between layers."""
+    """A plain MLP ``sizes[0] → … → sizes[-1]`` with ``activation`` between layers.
+
+    Args:
+        sizes: Layer widths, input first.
+        activation: Hidden activation: ``"relu"``, ``"sigmoid"``, ``"tanh"`` or none
+            (``None``/``"none"``/``"linear"``/``"identity"``).
+        output_activation: Activation after the last layer (``None``: none).
+        init: ``"default"`` (``nn.Linear``'s) or ``"sparse"`` (:func:`sparse_init_`).
+        sparse_init_count: Non-zero incoming weights per unit for ``init="sparse"``.
+        sparse_init_std: Their standard deviation.
+
+    Returns:
+        An ``nn.Sequential`` of ``nn.Linear`` and activation modules.
+
+    Raises:
+        ValueError: On an unknown activation or init.
+    """
     acts = [activation] * (len(sizes) - 2) + [output_activation]
     return _stack(sizes, acts, init, sparse_init_count, sparse_init_std)
 
@@ -66,9 +90,24 @@ def autoencoder(
 ) -> nn.Sequential:
     """Mirrored deep autoencoder, e.g. 784-1000-500-250-30-250-500-1000-784.
 
-    ``code_activation`` is the bottleneck's activation (logistic in SHF, linear in Martens);
-    ``output_activation`` is ``sigmoid`` for squared error on pixel intensities, ``None`` when
-    the loss takes logits (Martens' cross-entropy).
+    Args:
+        encoder_sizes: Widths from the input to the code, e.g. ``[784, 1000, 500, 250, 30]``;
+            the decoder mirrors them.
+        activation: Activation of the other hidden layers.
+        code_activation: The bottleneck's activation (logistic in SHF, linear (``None``) in
+            Martens).
+        output_activation: ``"sigmoid"`` for squared error on pixel intensities, ``None`` when
+            the loss takes logits (Martens' cross-entropy).
+        init: ``"default"`` or ``"sparse"`` (:func:`sparse_init_`).
+        sparse_init_count: Non-zero incoming weights per unit for ``init="sparse"``.
+        sparse_init_std: Their standard deviation.
+
+    Returns:
+        An ``nn.Sequential`` of ``nn.Linear`` and activation modules.
+
+    Raises:
+        ValueError: If ``encoder_sizes`` has fewer than two entries, or on an unknown
+            activation or init.
     """
     if len(encoder_sizes) < 2:
         raise ValueError("encoder_sizes needs at least an input and a code size")

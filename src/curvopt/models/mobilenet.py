@@ -7,11 +7,12 @@ bias; BN has haiku's decay 0.999 (torch momentum 0.001) and eps 1e-5. TensorFlow
 (extra pixel at the end for even inputs) is reproduced with explicit padding, so every feature map
 has the authors' size and alignment.
 
-Input layout (spec §7 K): the authors fed an NCHW ``(B, 3, 96, 64)`` tensor (an RGB JPEG of a
-96-frame × 64-band log-mel patch) to an NHWC network, which therefore saw 64 mel bands as channels,
-the 3 colour planes as height and the 96 frames as width. ``input_layout='faithful'`` (default)
-reproduces that with ``x.permute(0, 3, 1, 2)``; ``'natural'`` treats the input as the image it is
-(3 channels, 96×64). uint8 inputs are scaled to [0, 1] (``ToTensor``).
+Input layout (a [DECIDE] item; docs/decisions.md, FOSI-K): the authors fed an NCHW
+``(B, 3, 96, 64)`` tensor (an RGB JPEG of a 96-frame × 64-band log-mel patch) to an NHWC network,
+which therefore saw 64 mel bands as channels, the 3 colour planes as height and the 96 frames as
+width. ``input_layout='faithful'`` (default) reproduces that with ``x.permute(0, 3, 1, 2)``;
+``'natural'`` treats the input as the image it is (3 channels, 96×64). uint8 inputs are scaled to
+[0, 1] (``ToTensor``).
 """
 
 from __future__ import annotations
@@ -27,16 +28,36 @@ STRIDES = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
-    """TensorFlow SAME padding (before, after) for one spatial dimension."""
+    """TensorFlow SAME padding for one spatial dimension.
+
+    Args:
+        size: Input size along the dimension.
+        kernel: Kernel size.
+        stride: Stride.
+
+    Returns:
+        ``(before, after)`` padding (the extra pixel, if any, goes after).
+    """
     out = math.ceil(size / stride)
     total = max((out - 1) * stride + kernel - size, 0)
     return total // 2, total - total // 2
 
 
 class SameConv2d(nn.Conv2d):
-    """``nn.Conv2d`` with TensorFlow SAME padding computed from the input size."""
+    """``nn.Conv2d`` with TensorFlow SAME padding computed from the input size.
+
+    Takes ``nn.Conv2d``'s constructor arguments (its ``padding`` is ignored in the forward).
+    """
 
     def forward(self, x: Tensor) -> Tensor:
+        """Pad as TensorFlow's SAME, then convolve.
+
+        Args:
+            x: ``(B, C, H, W)`` input.
+
+        Returns:
+            The convolution output.
+        """
         ph = same_padding(x.shape[-2], self.kernel_size[0], self.stride[0])
         pw = same_padding(x.shape[-1], self.kernel_size[1], self.stride[1])
         if any(ph + pw):
@@ -49,6 +70,14 @@ def _bn(channels: int) -> nn.BatchNorm2d:
 
 
 class DepthwiseSeparable(nn.Module):
+    """Depthwise 3×3 (SAME) → BN → ReLU → pointwise 1×1 → BN → ReLU, without conv biases.
+
+    Args:
+        in_ch: Input channels.
+        out_ch: Output channels.
+        stride: Stride of the depthwise convolution.
+    """
+
     def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
         super().__init__()
         self.depthwise = SameConv2d(in_ch, in_ch, 3, stride=stride, groups=in_ch, bias=False)
@@ -57,6 +86,14 @@ class DepthwiseSeparable(nn.Module):
         self.bn2 = _bn(out_ch)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Apply the block.
+
+        Args:
+            x: ``(B, in_ch, H, W)``.
+
+        Returns:
+            ``(B, out_ch, H', W')``.
+        """
         x = torch.relu(self.bn1(self.depthwise(x)))
         return torch.relu(self.bn2(self.pointwise(x)))
 
@@ -77,6 +114,20 @@ def _haiku_init_(module: nn.Module) -> None:
 
 
 class MobileNetV1(nn.Module):
+    """haiku's MobileNetV1 (module docstring), with haiku's initialisation.
+
+    Args:
+        num_classes: Output classes (AudioSet: 527).
+        in_channels: Input channels of the stem; default 64 for ``"faithful"`` (mel bands read
+            as channels), 3 for ``"natural"``.
+        input_layout: ``"faithful"`` (the authors' NCHW-read-as-NHWC input) or ``"natural"``.
+        channels: Output channels of the depthwise-separable blocks.
+        strides: Strides of the blocks (same length as ``channels``).
+
+    Raises:
+        ValueError: On an unknown ``input_layout``.
+    """
+
     def __init__(
         self,
         num_classes: int = 527,
@@ -102,6 +153,15 @@ class MobileNetV1(nn.Module):
         _haiku_init_(self)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Class logits.
+
+        Args:
+            x: ``(B, 3, 96, 64)`` encoded patches (uint8 inputs are scaled to [0, 1]), or any
+                input matching ``in_channels`` for ``"natural"``.
+
+        Returns:
+            ``(B, num_classes)`` logits.
+        """
         if not x.dtype.is_floating_point:
             x = x.to(self.fc.weight.dtype) / 255.0
         if self.input_layout == "faithful":
@@ -118,5 +178,16 @@ def mobilenet_v1(
     channels: tuple[int, ...] = CHANNELS,
     strides: tuple[int, ...] = STRIDES,
 ) -> MobileNetV1:
-    """Hydra builder (``conf/model/fosi_mobilenet.yaml``)."""
+    """Hydra builder (``conf/model/fosi_mobilenet.yaml``).
+
+    Args:
+        num_classes: As in :class:`MobileNetV1`.
+        in_channels: As in :class:`MobileNetV1`.
+        input_layout: As in :class:`MobileNetV1`.
+        channels: As in :class:`MobileNetV1` (lists from configs become tuples).
+        strides: As in :class:`MobileNetV1`.
+
+    Returns:
+        The model.
+    """
     return MobileNetV1(num_classes, in_channels, input_layout, tuple(channels), tuple(strides))

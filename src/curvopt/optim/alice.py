@@ -16,8 +16,8 @@ Alice is a low-rank Eigen-Adam: Adam run in the rotated space of the leading eig
 The step is ``W ← W − λ α (U ω + α_c Δ_c)`` with ``ω = m/(√v + ε)`` (no bias correction).
 **Alice-0** is ``beta3 = 0``: no ``Q̃`` is stored and the refresh uses ``G Gᵀ`` alone.
 
-Choices the paper leaves open ([DECIDE]; docs/alice.md, "Flags and [DECIDE] choices", and
-docs/decisions.md), each a constructor flag:
+Choices the paper leaves open ([DECIDE]; docs/alice.md, "Flags and choices where the paper is
+silent", and docs/decisions.md, RACS-9 to RACS-18), each a constructor flag:
 
 * ``init="evd"``: at t = 1 (``U_0 = 0``) the exact top-r eigenvectors of ``G₁G₁ᵀ``, then Switch;
 * ``reproject_qtilde=True``: at a switch re-express ``Q̃`` in the new basis, ``Q̃ ← R Q̃ Rᵀ`` with
@@ -103,7 +103,7 @@ def subspace_iteration(
     """Subspace iteration, the paper's Alg. 10, with the Rayleigh–Ritz back-mapping.
 
     ``steps`` of ``U ← QR(A U)``, then ``U · eigvecs(Uᵀ A U)`` sorted by descending eigenvalue
-    (the Rayleigh–Ritz lift corrects a typo of Alg. 10; docs/alice.md).
+    (the Rayleigh–Ritz lift corrects a typo of Alg. 10; docs/decisions.md, RACS-11).
 
     Args:
         matvec: ``X ↦ A X`` for a symmetric A, applied to m×r blocks.
@@ -485,7 +485,7 @@ class Alice(MatrixOptimizer):
         if t == 1 or t % K == 0:
             U_old = state["U"].to(cdt)
             if t == 1:
-                # U_0 = 0 cannot seed a subspace iteration: exact EVD of Q_1 = (1−β3) G Gᵀ (init="evd")
+                # U_0 = 0 cannot seed a subspace iteration: exact EVD of Q_1 = (1−β3) G Gᵀ (RACS-9)
                 Up = top_eigvecs(G @ G.T, r)[1]
             else:
 
@@ -568,7 +568,7 @@ class Alice(MatrixOptimizer):
             return omega, None, None
         if mode == "optimal":
             col_g2 = _col_sq_norms(G)
-            res_sq = (col_g2 - sigma.square().sum(0)).clamp_min_(0)  # ‖g_j‖² − ‖Uᵀg_j‖², clamped at 0
+            res_sq = (col_g2 - sigma.square().sum(0)).clamp_min_(0)  # ‖g_j‖² − ‖Uᵀg_j‖² ≥ 0 (RACS-18)
             pvec = _in_state_dtype(state["p"], G.dtype).mul_(b1).add_(res_sq, alpha=1 - b1)
             _store(state, "p", pvec)
             d = pvec.sqrt().add_(eps).reciprocal_()  # Diag(p)^{-1/2}

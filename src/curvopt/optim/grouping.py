@@ -22,7 +22,7 @@ MLPs of the smoke tests) falls back to "every ``nn.Linear`` weight except the la
 last ``nn.Linear`` playing the role of ``lm_head``. Biases, norms, embeddings and any non-2-D
 parameter always go to the Adam group.
 
-Following the GaLore codebase (a choice the paper leaves open; docs/decisions.md) both groups live
+Following the GaLore codebase (a choice the paper leaves open; docs/decisions.md, RACS-5) both groups live
 in ONE optimizer with one base lr; ``adam_lr`` gives the Adam group its own peak lr instead. The lr
 scheduler multiplies both.
 """

@@ -57,8 +57,8 @@ CURVATURE_PRODUCTS = ("auto", "mlp", "linearize", "jvp")
 def weight_mask(params: Params) -> Tensor:
     """Flat 0/1 mask of the parameters the L2 weight cost applies to.
 
-    Weights (``dim ≥ 2``), not biases: the weight cost this repository uses
-    (conf/optimizer/hf_cg.yaml; ambiguous-paper choices are listed in docs/decisions.md).
+    Weights (``dim ≥ 2``), not biases: the weight cost this repository uses (docs/decisions.md,
+    SHF-16).
     Martens' public ``nnet_train_2.m`` does *not* do this: its ``maskp`` is all ones (the line
     that zeroes the bias entries is commented out, "not masking out the weight-decay for
     biases"), so his weight cost, preconditioner and CG damping include biases.

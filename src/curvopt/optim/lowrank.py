@@ -1,7 +1,7 @@
 """GaLore, Fira and APOLLO baselines: the official PyPI packages behind our configs.
 
-The paper ran "the official GaLore and Fira code" (docs/alice.md, "Flags and [DECIDE] choices":
-Baselines), so we do too rather than re-derive
+The paper ran "the official GaLore and Fira code" (docs/alice.md, "Flags and choices where the
+paper is silent"), so we do too rather than re-derive
 them: ``galore-torch`` 1.0 (``GaLoreAdamW``), ``fira`` 1.0.2 (``FiraAdamW``) and ``apollo-torch``
 1.0.3 (``APOLLOAdamW``, cited-only in the paper; run here for completeness). All three install
 with torch 2.13.0 (CPU) and import cleanly; ``galore-torch`` and ``apollo-torch`` import
@@ -11,7 +11,7 @@ with torch 2.13.0 (CPU) and import cleanly; ``galore-torch`` and ``apollo-torch`
 Each package takes the GaLore-style parameter groups built by
 :mod:`curvopt.optim.grouping`: one plain group (their own bias-corrected AdamW, ε = 1e-6) and one
 group whose parameters carry the projection keys. What their code does, which the paper's
-comparison inherits (quirks kept; docs/alice.md, docs/decisions.md):
+comparison inherits (quirks kept; docs/decisions.md, RACS-19):
 
 * **GaLore** (Alg. 8): every ``update_proj_gap`` steps (at 0-based step 0, 200, …) the top-r
   singular vectors of the current gradient on the smaller side; Adam with bias correction on

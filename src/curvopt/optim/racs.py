@@ -9,7 +9,7 @@ near rank one the entries are ≈ ±1 (Adam-like) at the cost of only ``m + n + 
 What the paper fixes (and this file follows literally):
 
 * 5 fixed-point iterations per step on the 1-sample estimate ``P = G_t ⊙ G_t``, ``q`` started at 1
-  every step (``warm_start=False``, a choice the paper leaves open, docs/decisions.md — ``True``
+  every step (``warm_start=False``, a choice the paper leaves open, docs/decisions.md, RACS-8 — ``True``
   starts from the previous EMA of q);
 * EMAs of ``s`` and ``q`` with ``β`` from zero, **no bias correction** (the first update is ≈10×
   the steady-state size; it falls in warmup, where the lr is ≈ 0);

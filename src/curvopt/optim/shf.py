@@ -14,7 +14,8 @@ One outer iteration (paper Algorithm 1; docs/shf.md, "One outer iteration"):
    capped at n_max); LSMR's maxiter scales with n.
 
 Per-dataset settings (paper Table 1) are listed in conf/optimizer/shf_lsmr.yaml; the choices the
-paper leaves open are in docs/shf.md ("[DECIDE] items") and docs/decisions.md.
+paper leaves open are in docs/shf.md ("Choices taken where the paper is silent or inconsistent")
+and docs/decisions.md (SHF-1 to SHF-26).
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ class SHF:
             iterations.
         theta: Tolerance θ of Byrd et al.'s variance test (Algorithm 2).
         armijo: Armijo constant α of the backtracking line search on the batch.
-        max_halvings: Cap on step halvings; then the step is rejected (s = 0) (docs/shf.md,
-            "[DECIDE] items").
+        max_halvings: Cap on step halvings; then the step is rejected (s = 0) (docs/decisions.md,
+            SHF-15).
         rho_low: ρ below which λ is raised.
         rho_high: ρ above which λ is lowered.
         batch_size: Initial batch size n₁ (capped at ``max_batch_size``).

@@ -15,7 +15,7 @@ Which metrics are reported follows from the loss kind and the targets:
   ``ppl = exp(loss)``, and ``tokens`` the number of targets scored. With ``galore_compat`` also
   ``loss_galore`` / ``ppl_galore``: GaLore's ``evaluate_model`` value — the sum of per-batch mean
   losses divided by ``num_batches + 1`` (its ``total_batches`` starts at 1), averaged over ranks —
-  so our numbers can be set beside the cited ones (docs/alice_llm.md; docs/decisions.md).
+  so our numbers can be set beside the cited ones (docs/decisions.md, RACS-3).
 
 Under data parallelism each rank evaluates its own chunk and ``reduce`` (a sum over ranks of a
 list of floats) combines the sums before the division, so every rank gets the same metrics.

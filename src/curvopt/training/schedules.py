@@ -9,7 +9,7 @@
       warmup_fraction: 0.1
       min_lr_ratio: 0.1
 
-The LLaMA-on-C4 protocol of the RACS/Alice paper (docs/alice_llm.md; docs/decisions.md) is GaLore's scheduler:
+The LLaMA-on-C4 protocol of the RACS/Alice paper (docs/decisions.md, RACS-6) is GaLore's scheduler:
 linear warmup from 0 over the first 10 % of the updates, then a cosine from the peak down to
 0.1 × peak at the last update. The multiplier is applied to every parameter group (LambdaLR keeps
 each group's own base lr), so per-group learning rates keep their ratio throughout.

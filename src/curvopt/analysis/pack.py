@@ -55,11 +55,26 @@ NONFINITE = {
 
 
 def is_packed(exp_dir: str | Path) -> bool:
+    """Whether an experiment directory holds a pack.
+
+    Args:
+        exp_dir: The experiment directory.
+
+    Returns:
+        ``True`` when its ``runs.jsonl`` exists.
+    """
     return (Path(exp_dir) / PACKED_RUNS).exists()
 
 
 def loose_run_dirs(exp_dir: str | Path) -> list[Path]:
-    """Run directories with their own metrics.jsonl (not moved aside), sorted by name."""
+    """Run directories with their own metrics.jsonl (not moved aside), sorted by name.
+
+    Args:
+        exp_dir: The experiment directory.
+
+    Returns:
+        The run directories (empty when ``exp_dir`` does not exist).
+    """
     root = Path(exp_dir)
     if not root.is_dir():
         return []
@@ -83,7 +98,15 @@ def _runs_cached(path: str, stamp: tuple[int, int]) -> tuple[dict[str, Any], ...
 
 
 def read_packed_runs(exp_dir: str | Path) -> list[dict[str, Any]]:
-    """The lines of ``runs.jsonl`` (``run_id``, ``summary``, ``config``, ``columns``); [] if unpacked."""
+    """The lines of an experiment's ``runs.jsonl`` (cached while the file is unchanged).
+
+    Args:
+        exp_dir: The experiment directory.
+
+    Returns:
+        One dict per packed run (``run_id``, ``summary``, ``config``, ``columns``); ``[]`` if
+        the experiment is not packed.
+    """
     path = Path(exp_dir) / PACKED_RUNS
     if not path.exists():
         return []
@@ -120,8 +143,16 @@ def _packed_metrics(exp_dir: Path) -> _Metrics | None:
 
 
 def packed_run_frame(exp_dir: str | Path, run: dict[str, Any] | str) -> pd.DataFrame:
-    """One packed run's metrics rows as ``pd.DataFrame(read_metrics(...))`` gives them for the
-    loose layout (its own columns in logged order; non-finite numbers as float NaN/±inf)."""
+    """One packed run's metrics rows, as ``pd.DataFrame(read_metrics(...))`` gives the loose layout.
+
+    Args:
+        exp_dir: The experiment directory.
+        run: The run's ``runs.jsonl`` entry, or its run_id.
+
+    Returns:
+        Its own columns in logged order, non-finite numbers as float NaN/±inf, JSON columns
+        decoded; empty when the run is not in the pack.
+    """
     exp_dir = Path(exp_dir)
     if isinstance(run, str):
         (run,) = [r for r in read_packed_runs(exp_dir) if r["run_id"] == run] or [{"run_id": run}]
@@ -138,7 +169,7 @@ def packed_run_frame(exp_dir: str | Path, run: dict[str, Any] | str) -> pd.DataF
 
 # ---------------------------------------------------------------------------------------------- packing
 def _column_array(values: list[Any]) -> tuple[pa.Array, bool]:
-    """(arrow array, stored as JSON text) for one column's values (None = not logged in that row)."""
+    """``(arrow array, stored as JSON text)`` for one column's values (None = not logged in that row)."""
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, bool) for v in present):
         return pa.array(values, type=pa.bool_()), False
@@ -188,6 +219,18 @@ def _nan_equal(a: Any, b: Any) -> bool:
 
 @dataclass
 class PackResult:
+    """What :func:`pack_experiment` did.
+
+    Attributes:
+        experiment: The experiment directory.
+        runs: Runs in the pack.
+        rows: Metrics rows in the pack.
+        removed_files: Record files deleted after the check.
+        skipped: Run ids left unpacked (no summary, or locked by a live run).
+        bytes_before: Size of the packed runs' record files.
+        bytes_after: Size of ``metrics.parquet`` + ``runs.jsonl``.
+    """
+
     experiment: Path
     runs: int
     rows: int
@@ -198,9 +241,24 @@ class PackResult:
 
 
 def pack_experiment(exp_dir: str | Path, remove: bool = True, compression: str = "zstd") -> PackResult:
-    """Fold the loose runs of ``exp_dir`` (and an existing pack) into ``metrics.parquet`` +
-    ``runs.jsonl``; check the pack against the files, then delete the packed runs' files (unless
-    ``remove=False``). A loose run with a run_id already in the pack replaces the packed one."""
+    """Fold the loose runs of ``exp_dir`` (and an existing pack) into ``metrics.parquet`` + ``runs.jsonl``.
+
+    The pack is checked against the files before the packed runs' files are deleted. A loose
+    run with a run_id already in the pack replaces the packed one; runs without a summary or
+    with a ``run.lock`` are skipped.
+
+    Args:
+        exp_dir: The experiment directory.
+        remove: Delete the packed runs' record files (and then-empty run directories).
+        compression: Parquet compression (``"zstd"``, ``"snappy"``, ``"gzip"``, ``"none"``).
+
+    Returns:
+        A :class:`PackResult`.
+
+    Raises:
+        ValueError: If a metrics key is named ``run_id``.
+        AssertionError: If the pack does not read back equal to the files (nothing is deleted).
+    """
     exp_dir = Path(exp_dir)
     runs: dict[str, dict[str, Any]] = {}
     rows_of: dict[str, list[dict[str, Any]]] = {}
@@ -299,7 +357,14 @@ def _verify(exp_dir: Path, run_dirs: list[Path]) -> None:
 
 
 def experiments_under(path: str | Path) -> list[Path]:
-    """``path`` itself if it holds runs (loose or packed), else its subdirectories that do."""
+    """The experiment directories at or directly below ``path``.
+
+    Args:
+        path: An experiment directory or a folder of them.
+
+    Returns:
+        ``[path]`` if it holds runs (loose or packed), else its subdirectories that do.
+    """
     path = Path(path)
     if is_packed(path) or loose_run_dirs(path):
         return [path]
@@ -309,6 +374,14 @@ def experiments_under(path: str | Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line of ``python -m curvopt.analysis.pack`` (module docstring).
+
+    Args:
+        argv: Arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0, or 1 when no run records were found.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m curvopt.analysis.pack",
         description=__doc__,

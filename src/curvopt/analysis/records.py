@@ -22,14 +22,25 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 
 
 def run_dirs(results_dir: str | Path, experiment: str) -> list[Path]:
-    """The loose run directories of ``experiment`` (runs in a pack have none; see ``pack``)."""
+    """The loose run directories of ``experiment`` (runs in a pack have none; see ``pack``).
+
+    Args:
+        results_dir: The results root.
+        experiment: The experiment's directory name.
+
+    Returns:
+        Run directories (moved-aside runs excluded).
+    """
     # runs moved aside (trainer.restart=true, drivers) are kept on disk but are not runs any more
     return loose_run_dirs(Path(results_dir) / experiment)
 
 
 def _runs(results_dir: str | Path, experiment: str) -> list[tuple[Path, dict[str, Any] | None]]:
-    """(run dir, packed entry or None) of every run, sorted by run_id: the packed runs
-    (``metrics.parquet`` + ``runs.jsonl``) first in preference, then loose runs not in the pack."""
+    """``(run dir, packed entry or None)`` of every run, sorted by run_id.
+
+    Packed runs (``metrics.parquet`` + ``runs.jsonl``) take precedence over loose runs of the
+    same id.
+    """
     root = Path(results_dir) / experiment
     packed = {r["run_id"]: r for r in read_packed_runs(root)}
     runs: dict[str, tuple[Path, dict[str, Any] | None]] = {rid: (root / rid, e) for rid, e in packed.items()}
@@ -39,8 +50,14 @@ def _runs(results_dir: str | Path, experiment: str) -> list[tuple[Path, dict[str
 
 
 def read_run_metrics(run_dir: str | Path) -> pd.DataFrame:
-    """One run's metrics rows (``pd.DataFrame`` of its metrics.jsonl), from the pack of its
-    experiment when the run is packed."""
+    """One run's metrics rows, from the pack of its experiment when the run is packed.
+
+    Args:
+        run_dir: The run directory (it need not exist for a packed run).
+
+    Returns:
+        A frame of its ``metrics.jsonl`` rows (empty when there are none).
+    """
     run_dir = Path(run_dir)
     packed = {r["run_id"]: r for r in read_packed_runs(run_dir.parent)}
     if run_dir.name in packed:
@@ -50,9 +67,19 @@ def read_run_metrics(run_dir: str | Path) -> pd.DataFrame:
 
 
 def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:
-    """One row per run: summary fields (flattened, e.g. ``best.metrics.test/E_sq``) plus the
-    resolved config flattened under ``cfg.`` (e.g. ``cfg.optimizer.lr``). Reads the packed
-    layout (``runs.jsonl``) and loose run directories alike."""
+    """One row per run: summary fields plus the resolved config.
+
+    Reads the packed layout (``runs.jsonl``) and loose run directories alike. A run without a
+    summary gets ``status = "running_or_killed"``.
+
+    Args:
+        results_dir: The results root.
+        experiment: The experiment's directory name.
+
+    Returns:
+        Summary fields flattened (e.g. ``best.metrics.test/E_sq``), the config flattened under
+        ``cfg.`` (e.g. ``cfg.optimizer.lr``), ``run_dir`` and ``run_id``.
+    """
     rows = []
     for run, entry in _runs(results_dir, experiment):
         row: dict[str, Any] = {"run_dir": str(run), "run_id": run.name}
@@ -73,11 +100,21 @@ def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:
 
 
 def load_runs(results_dir: str | Path, experiment: str, status: str | None = None) -> pd.DataFrame:
-    """Long frame of every logged row of every run of ``experiment``, with ``run_id``,
-    ``optimizer``, ``seed``, ``profile``, ``status`` and ``dataset`` columns attached.
+    """Long frame of every logged row of every run of ``experiment``.
 
-    ``status`` filters on the summary status (e.g. ``"completed"``); diverged runs are kept by
-    default so figures can show them as such.
+    Each row carries ``run_id``, ``optimizer``, ``seed``, ``profile``, ``status``, ``dataset``
+    and a few more config/summary columns (``tag``, ``device``, ``clock``, ...).
+
+    Columns holding non-finite values stored as strings are converted back to numbers.
+
+    Args:
+        results_dir: The results root.
+        experiment: The experiment's directory name.
+        status: Keep only runs with this summary status (e.g. ``"completed"``); ``None`` keeps
+            all, diverged runs included, so figures can show them as such.
+
+    Returns:
+        The long frame (empty when there are no rows).
     """
     summaries = load_summaries(results_dir, experiment)
     packed = {r["run_id"]: r for r in read_packed_runs(Path(results_dir) / experiment)}

@@ -1,0 +1,1 @@
+"""Figures drawn from run records only, each saved with the CSV of its plotted numbers."""

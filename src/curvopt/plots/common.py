@@ -9,8 +9,19 @@ import pandas as pd
 
 
 def save_with_csv(fig: plt.Figure, out: str | Path, series: list[pd.DataFrame]) -> Path:
-    """Write the PNG and, next to it, the plotted numbers as CSV (none when nothing was plotted), so a
-    figure can always be checked against the numbers it shows."""
+    """Write the PNG and, next to it, the plotted numbers as CSV, then close the figure.
+
+    A figure can so always be checked against the numbers it shows; no CSV is written when
+    nothing was plotted.
+
+    Args:
+        fig: The figure.
+        out: PNG path (parent directories are created).
+        series: Frames of the plotted points, concatenated into ``<out>.csv``.
+
+    Returns:
+        The PNG path.
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)

@@ -27,7 +27,20 @@ def plot_error_vs_time(
     splits: tuple[str, ...] = ("train", "test"),
     logy: bool = True,
 ) -> Path | None:
-    """One panel per entry of ``frames`` (panel title → long frame of runs)."""
+    """Draw error against algorithm time, one panel per entry of ``frames``.
+
+    Args:
+        frames: Panel title → long frame of runs (:func:`~curvopt.analysis.records.load_runs`).
+        metric: Metric name; columns ``<split>/<metric>`` are plotted.
+        out_path: PNG path; ``None`` draws without saving.
+        title: Figure title.
+        splits: Splits to draw (train dotted, val dashed, test solid).
+        logy: Logarithmic y axis.
+
+    Returns:
+        The PNG path (with the CSV of the plotted points next to it), or ``None`` without
+        ``out_path``.
+    """
     styles = {"train": ":", "val": "--", "test": "-"}
     fig, axes = plt.subplots(1, len(frames), figsize=(5.2 * len(frames), 4.2), squeeze=False)
     colours: dict[str, str] = {}
@@ -70,6 +83,7 @@ def plot_error_vs_time(
 
 
 def main() -> None:
+    """Command line: ``--experiment`` names (one panel each), ``--metric``, ``--out``, ``--title``."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--experiment", required=True, nargs="+", help="experiment name(s); one panel each")

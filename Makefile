@@ -42,7 +42,7 @@ format:
 	$(PY) -m ruff check --fix src tests experiments benchmarks
 
 mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, then the error-vs-time plot
-	$(PY) experiments/run_missing.py --experiment mnist_autoencoder --optimizers adam heavy_ball sgd --seeds 0
+	$(PY) -m experiments.run_missing --experiment mnist_autoencoder --optimizers adam heavy_ball sgd --seeds 0
 	$(PY) -m curvopt.plots.error_vs_time --experiment mnist_autoencoder \
 		--out results/figures/mnist_autoencoder_error_vs_time.png
 

@@ -1,7 +1,7 @@
 """Step-time ratios of FGN (closed-form and generic), SGN and Adam on a linear softmax head.
 
-    python benchmarks/bench_fgn.py                      # b = 512, D = 2048, C ∈ {196, 1024, 4096}
-    python benchmarks/bench_fgn.py --classes 196 --repeats 10 --compile
+    python -m benchmarks.bench_fgn                      # b = 512, D = 2048, C ∈ {196, 1024, 4096}
+    python -m benchmarks.bench_fgn --classes 196 --repeats 10 --compile
 
 Everything runs in one process on the same data, one C at a time; each entry is the median of
 ``--repeats`` timed steps after ``--warmup`` steps (steady state), and the entries are timed

@@ -1,7 +1,7 @@
 """FOSI cost against its base optimizer (issue #5 performance targets).
 
-    python benchmarks/bench_fosi.py                 # AE 2.8M + MLP 1M, bases HB/Adam/GD
-    python benchmarks/bench_fosi.py --rounds 10 --models autoencoder --bases adam
+    python -m benchmarks.bench_fosi                 # AE 2.8M + MLP 1M, bases HB/Adam/GD
+    python -m benchmarks.bench_fosi --rounds 10 --models autoencoder --bases adam
 
 For each model (random data, batch 300):
 
@@ -25,20 +25,19 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from curvopt.curvature.lanczos import lanczos
+from curvopt.models.mlp import autoencoder, mlp
+from curvopt.objective import Objective, mean_loss
+from curvopt.optim.fosi import FOSI, make_base_optimizer
+from curvopt.optim.fosi_loop import FOSIAlgorithm
+from curvopt.training.algorithm import TorchOptimizerAlgorithm
 
-from curvopt.curvature.lanczos import lanczos  # noqa: E402
-from curvopt.models.mlp import autoencoder, mlp  # noqa: E402
-from curvopt.objective import Objective, mean_loss  # noqa: E402
-from curvopt.optim.fosi import FOSI, FOSIAlgorithm, make_base_optimizer  # noqa: E402
-from curvopt.training.algorithm import TorchOptimizerAlgorithm  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 REORTH = ("twice", "dgks", "partial")  # re-orthogonalisation modes timed
 BASE_LR = {"heavy_ball": 1e-3, "adam": 1e-3, "gd": 1e-2}

@@ -13,8 +13,8 @@ every method. Per method we time
 Targets (2 cores): RACS ≤ 1.5× fused AdamW; Alice plain ≤ 1.5× GaLore plain; Alice refresh ≤
 0.25× GaLore's SVD refresh; Alice amortised ≤ 1.5× GaLore amortised; state bytes = formula ± 1 %.
 
-    python benchmarks/bench_llm_optim.py            # ~5 min
-    python benchmarks/bench_llm_optim.py --quick    # < 2 min
+    python -m benchmarks.bench_llm_optim            # ~5 min
+    python -m benchmarks.bench_llm_optim --quick    # < 2 min
 Writes results/benchmarks/bench_llm_optim.{json,md,png}. Other processes may share the CPU: the
 load average is recorded with the results, and ``--threads 1`` (``--clock auto`` then times the
 process's CPU time instead of the wall clock) gives ratios that contention barely moves.

@@ -1,7 +1,7 @@
 """Training throughput of each RACS/Alice-paper method relative to Adam, same model and machine.
 
-    python benchmarks/bench_llm_throughput.py                        # tiny (quick model) and 60M, CPU
-    python benchmarks/bench_llm_throughput.py --sizes 60m --device cuda --dtype bfloat16
+    python -m benchmarks.bench_llm_throughput                        # tiny (quick model) and 60M, CPU
+    python -m benchmarks.bench_llm_throughput --sizes 60m --device cuda --dtype bfloat16
 
 TP = non-pad tokens per second of the update (forward, backward, optimizer step; the loop's
 ``TorchOptimizerAlgorithm.step`` with the run's micro-batching), as the loop logs it. Methods
@@ -24,17 +24,14 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "experiments" / "alice_llm"))
+from experiments.alice_llm.specs import method_by_key
 
-from specs import method_by_key  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 METHODS = ["adam", "racs", "alice", "alice0", "galore", "fira"]
 CLOCK = time.perf_counter  # main(): wall clock, or this process's CPU time (--clock process, CPU only)

@@ -1,7 +1,7 @@
 """Loop overhead (data sampling + logging, evaluation excluded) as a fraction of the algorithm's
 step time, for Adam on the MNIST autoencoder (784-1000-500-250-30). Target: < 5 %.
 
-    python benchmarks/bench_loop_overhead.py --steps 300 --batch-size 256
+    python -m benchmarks.bench_loop_overhead --steps 300 --batch-size 256
 
 Runs the real entrypoint code path (run_from_config) with wandb off and tqdm on/off, and
 writes results/benchmarks/loop_overhead.json.
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from curvopt.training.build import run_from_config
 
-from curvopt.training.build import run_from_config  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(steps: int, batch_size: int, progress: bool, logger: str) -> dict:

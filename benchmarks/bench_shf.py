@@ -1,6 +1,6 @@
 """Cost of SHF-LSMR's building blocks on the MNIST autoencoder (784-1000-500-250-30, random data).
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_shf.py --sizes 300 2000 [--with-6000] [--dtype float64]
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_shf --sizes 300 2000 [--with-6000] [--dtype float64]
 
 Per batch size n, minimum (or ``--stat median``) over ``--reps`` timings (seconds):
 
@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -39,13 +38,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
 from curvopt.curvature.lsmr import lsmr  # noqa: E402
 from curvopt.curvature.mlp_gn import FuncGaussNewton, MLPGaussNewton  # noqa: E402
 from curvopt.models.mlp import autoencoder  # noqa: E402
 from curvopt.objective import Objective, mean_loss  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sync(device: torch.device) -> None:

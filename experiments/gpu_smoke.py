@@ -1,9 +1,9 @@
 """GPU smoke test: every paper experiment runs a few steps; one JSON + one Markdown table.
 
-    python experiments/gpu_smoke.py                 # CUDA when present, else the same list on the CPU
-    python experiments/gpu_smoke.py --quick         # the short list (tests/test_gpu_smoke.py runs it)
-    python experiments/gpu_smoke.py --only 'llama60m_*' --steps 20
-    python experiments/gpu_smoke.py --list          # the entries and their commands; runs nothing
+    python -m experiments.gpu_smoke                 # CUDA when present, else the same list on the CPU
+    python -m experiments.gpu_smoke --quick         # the short list (tests/test_gpu_smoke.py runs it)
+    python -m experiments.gpu_smoke --only 'llama60m_*' --steps 20
+    python -m experiments.gpu_smoke --list          # the entries and their commands; runs nothing
 
 ``make gpu-smoke`` / ``make gpu-smoke-quick`` call this. ``ENTRIES`` is the one list: per paper the
 runs that matter on a GPU node (SHF-LSMR and HF-CG on USPS, MNIST and CURVES; FGN Figure 2a with
@@ -61,8 +61,9 @@ TRAIN = "src/train.py"
 class Entry:
     """One smoke run. ``overrides`` apply everywhere; ``gpu`` / ``cpu`` only in that mode.
 
-    ``script`` replaces ``src/train.py`` by a driver (its arguments are the overrides); ``launcher``
-    ``torchrun`` runs ``python -m torch.distributed.run --standalone --nproc_per_node 1``."""
+    ``script`` replaces ``src/train.py`` by a driver (its arguments are the overrides), given as its
+    file (``experiments/fgn/fig2.py``) and run as its module (``python -m experiments.fgn.fig2``);
+    ``launcher`` ``torchrun`` runs ``python -m torch.distributed.run --standalone --nproc_per_node 1``."""
 
     name: str
     paper: str
@@ -294,6 +295,16 @@ def entry_args(entry: Entry, mode: str) -> list[str]:
     return [*head, *entry.overrides, *(entry.gpu if mode == "cuda" else entry.cpu)]
 
 
+def driver_module(script: str) -> str | None:
+    """The module of a driver of the ``experiments`` package (``experiments/fgn/fig2.py`` ->
+    ``experiments.fgn.fig2``), which runs as ``python -m``; ``None`` for a plain script
+    (``src/train.py``)."""
+    path = Path(script)
+    if path.parts[:1] == ("experiments",) and path.suffix == ".py":
+        return ".".join(path.with_suffix("").parts)
+    return None
+
+
 def command(entry: Entry, mode: str, steps: int, work: Path) -> list[str]:
     """The subprocess command line of one entry (run from the repository root).
 
@@ -301,7 +312,7 @@ def command(entry: Entry, mode: str, steps: int, work: Path) -> list[str]:
     whether the run stopped on missing data (a ``DataNotFoundError``: skipped, not failed) and the
     peak memory; ``shown()`` prints the command without it."""
     py = sys.executable
-    wrap = [str(Path(__file__).resolve()), "--wrap", str(work / "wrap.json")]
+    wrap = ["-m", "experiments.gpu_smoke", "--wrap", str(work / "wrap.json")]
     if entry.script:
         return [py, *wrap, entry.script, *entry_args(entry, mode), "--results-dir", str(work / "records")]
     run = [
@@ -330,9 +341,11 @@ def shown(cmd: list[str]) -> str:
     torch.distributed.run`` shown as ``torchrun``."""
     root = str(REPO_ROOT) + os.sep
     parts = ["python" if c == sys.executable else c.replace(root, "") for c in cmd]
-    if "--wrap" in parts:
+    if "--wrap" in parts:  # [..., -m, experiments.gpu_smoke, --wrap, OUT, SCRIPT, ...]
         i = parts.index("--wrap")
-        parts = parts[: i - 1] + parts[i + 2 :]
+        script = parts[i + 2]
+        module = driver_module(script)
+        parts = [*parts[: i - 2], *(["-m", module] if module else [script]), *parts[i + 3 :]]
     if parts[:3] == ["python", "-m", "torch.distributed.run"]:
         parts = ["torchrun", *parts[3:]]
     return " ".join(f"'{p}'" if re.search(r"[\[\]*?\s]", p) else p for p in parts)
@@ -607,15 +620,16 @@ def _git_commit() -> str:
 
 def _wrap(argv: list[str]) -> None:
     """``--wrap OUT.json SCRIPT ARGS...``: run a script in this process as ``python SCRIPT ARGS``
-    would, then write to OUT.json its peak memory (CUDA max allocated, else max RSS) and the
-    message of the last ``DataNotFoundError`` raised (``src/train.py`` logs it and exits with code 2,
-    the code of every bad input; the message tells missing data from a bad config value)."""
+    would (a driver of the ``experiments`` package as ``python -m MODULE ARGS``), then write to
+    OUT.json its peak memory (CUDA max allocated, else max RSS) and the message of the last
+    ``DataNotFoundError`` raised (``src/train.py`` logs it and exits with code 2, the code of every
+    bad input; the message tells missing data from a bad config value)."""
     import resource
     import runpy
 
     out, script, rest = Path(argv[0]), argv[1], argv[2:]
     sys.argv = [script, *rest]
-    sys.path.insert(0, str(Path(script).resolve().parent))
+    module = driver_module(script)
     data_missing: list[str] = []
     try:
         from curvopt.data.common import DataNotFoundError
@@ -630,7 +644,10 @@ def _wrap(argv: list[str]) -> None:
     except ImportError:
         pass
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     finally:
         info: dict[str, Any] = {"peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         torch = sys.modules.get("torch")
@@ -719,7 +736,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
         "git_commit": _git_commit(),
-        "invocation": " ".join(["python experiments/gpu_smoke.py", *argv]),
+        "invocation": " ".join(["python -m experiments.gpu_smoke", *argv]),
         "counts": counts,
         "entries": results,
     }

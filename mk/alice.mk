@@ -2,13 +2,13 @@
 .PHONY: reproduce-alice-table3 bench-optim bench-optim-quick test-alice
 
 reproduce-alice-table3: ## RACS/Alice Table 3: estimated memory (60M-1B) vs paper + measured 60M state bytes
-	$(PY) experiments/alice_table3/table3.py --out-dir results/tables
+	$(PY) -m experiments.alice_table3.table3 --out-dir results/tables
 
 bench-optim: ## optimizer step cost on the LLaMA-60M matrices (AdamW, RACS, Alice, GaLore, Fira, APOLLO)
-	$(PY) benchmarks/bench_llm_optim.py --out-dir results/benchmarks
+	$(PY) -m benchmarks.bench_llm_optim --out-dir results/benchmarks
 
 bench-optim-quick: ## the same in --quick mode, one thread, process CPU time (a few min on a shared CPU)
-	$(PY) benchmarks/bench_llm_optim.py --quick --threads 1 --out-dir results/benchmarks
+	$(PY) -m benchmarks.bench_llm_optim --quick --threads 1 --out-dir results/benchmarks
 
 test-alice: ## RACS/Alice optimizer, grouping and memory tests
 	$(PY) -m pytest -q tests/test_racs_optimizer.py tests/test_alice_optimizer.py tests/test_alice_grouping.py tests/test_alice_baselines.py

@@ -3,8 +3,8 @@
 # (ALICE_SIZES, ALICE_NPROC = GPUs per run via torchrun). Each target runs only what is missing.
 ALICE_SIZES ?= 60m 130m 350m 1b
 ALICE_NPROC ?= 1
-ALICE_RUN := $(PY) experiments/alice_llm/run.py --profile $(SCALE) --nproc $(ALICE_NPROC)
-ALICE_FIG := $(PY) experiments/alice_llm/figures.py --profile $(SCALE)
+ALICE_RUN := $(PY) -m experiments.alice_llm.run --profile $(SCALE) --nproc $(ALICE_NPROC)
+ALICE_FIG := $(PY) -m experiments.alice_llm.figures --profile $(SCALE)
 ALICE_SIZE_ARGS = $(if $(filter paper,$(SCALE)),--sizes $(ALICE_SIZES),)
 
 .PHONY: reproduce-alice-table2 reproduce-alice-fig1 reproduce-alice-fig2 reproduce-alice-fig3 \
@@ -24,7 +24,7 @@ reproduce-alice-fig3: ## RACS/Alice Figure 3 (throughput, effective throughput)
 	$(ALICE_RUN) fig3 $(ALICE_SIZE_ARGS)
 
 reproduce-alice-fig4: ## RACS/Alice Figure 4 (measured memory, with/without layer-wise updates)
-	$(PY) experiments/alice_llm/memory.py --profile $(SCALE)
+	$(PY) -m experiments.alice_llm.memory --profile $(SCALE)
 	$(ALICE_FIG) fig4
 
 reproduce-alice-fig5: ## RACS/Alice Figure 5 (ablations; paper: 130M)
@@ -34,10 +34,10 @@ reproduce-alice-table5: ## RACS/Alice Table 5 (component ablation; paper: 130M)
 	$(ALICE_RUN) table5
 
 reproduce-alice-fig6: ## RACS/Alice Figure 6 (basis stability across refreshes)
-	$(PY) experiments/alice_llm/basis_stability.py --profile $(SCALE)
+	$(PY) -m experiments.alice_llm.basis_stability --profile $(SCALE)
 	$(ALICE_FIG) fig6
 
 reproduce-alice: reproduce-alice-table2 reproduce-alice-fig2 reproduce-alice-fig3 reproduce-alice-fig4 ## everything above
 
 bench-alice-throughput: ## tokens/s of each method relative to Adam (tiny and 60M on this machine)
-	$(PY) benchmarks/bench_llm_throughput.py
+	$(PY) -m benchmarks.bench_llm_throughput

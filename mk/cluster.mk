@@ -18,10 +18,10 @@ wheelhouse: ## wheels our runs need that a CUDA node lacks, for PY_TARGET/PLATFO
 		$(foreach p,$(PLATFORM),--platform $(p)) --dest $(WHEELHOUSE) $(WHEELHOUSE_ARGS)
 
 gpu-smoke: ## every paper experiment a few steps (CUDA; CPU: tiny) -> results/gpu_smoke/<device>/smoke.{json,md}
-	$(PY) experiments/gpu_smoke.py $(GPU_SMOKE_ARGS)
+	$(PY) -m experiments.gpu_smoke $(GPU_SMOKE_ARGS)
 
 gpu-smoke-quick: ## the short list of gpu-smoke (one entry per paper) -> smoke_quick.{json,md}
-	$(PY) experiments/gpu_smoke.py --quick $(GPU_SMOKE_ARGS)
+	$(PY) -m experiments.gpu_smoke --quick $(GPU_SMOKE_ARGS)
 
 test-gpu-smoke: ## the smoke list's tests (coverage of every *_paper experiment + the short CPU run)
 	$(PY) -m pytest -q tests/test_gpu_smoke.py

@@ -9,18 +9,18 @@ FGN_RUN_ARGS = --profile $(SCALE) $(if $(FGN_DATASET),--dataset $(FGN_DATASET),)
 .PHONY: reproduce-fgn-fig2 reproduce-fgn-fig3 reproduce-fgn-table1 reproduce-fgn bench-fgn test-fgn
 
 reproduce-fgn-fig2: ## FGN Figure 2: (a) time/update vs C, (b) trace split vs xi, (c) step quality vs xi
-	$(PY) experiments/fgn/fig2.py all --profile $(SCALE)
+	$(PY) -m experiments.fgn.fig2 all --profile $(SCALE)
 
 reproduce-fgn-fig3: ## FGN Figure 3: Cars196 head, test accuracy vs head time (Adam, SGN, FGN)
-	$(PY) experiments/fgn/cars196.py fig3 $(FGN_RUN_ARGS)
+	$(PY) -m experiments.fgn.cars196 fig3 $(FGN_RUN_ARGS)
 
 reproduce-fgn-table1: ## FGN Table 1: accuracy / CE at the shared horizon, time to thresholds
-	$(PY) experiments/fgn/cars196.py table1 $(FGN_RUN_ARGS)
+	$(PY) -m experiments.fgn.cars196 table1 $(FGN_RUN_ARGS)
 
 reproduce-fgn: reproduce-fgn-fig2 reproduce-fgn-fig3 reproduce-fgn-table1 ## all FGN figures and tables
 
 bench-fgn: ## FGN / SGN / Adam step-time ratios at b=512, D=2048 (results/benchmarks/; CPU: 1 thread, CPU-seconds clock)
-	$(PY) benchmarks/bench_fgn.py --threads 1
+	$(PY) -m benchmarks.bench_fgn --threads 1
 
 test-fgn: ## the FGN tests only
 	$(PY) -m pytest -q tests/test_fgn_*.py

@@ -3,8 +3,8 @@
 # records in $(FOSI_Q_RESULTS) only.
 FOSI_Q_RESULTS ?= results/fosi_quadratics
 FOSI_FIGURES ?= results/figures/fosi
-FOSI_Q_RUN := $(PY) experiments/fosi_quadratics/run.py --results-dir $(FOSI_Q_RESULTS)
-FOSI_Q_FIG := $(PY) experiments/fosi_quadratics/figures.py --results-dir $(FOSI_Q_RESULTS) --out-dir $(FOSI_FIGURES)
+FOSI_Q_RUN := $(PY) -m experiments.fosi_quadratics.run --results-dir $(FOSI_Q_RESULTS)
+FOSI_Q_FIG := $(PY) -m experiments.fosi_quadratics.figures --results-dir $(FOSI_Q_RESULTS) --out-dir $(FOSI_FIGURES)
 
 .PHONY: reproduce-fosi-quadratics reproduce-fosi-fig3 reproduce-fosi-fig4 reproduce-fosi-fig7-fig8 \
 	reproduce-fosi-fig9 bench-fosi test-fosi
@@ -30,7 +30,7 @@ reproduce-fosi-fig9: ## FOSI Figure 9 (Q4: learning-rate and momentum sweeps, c 
 	$(FOSI_Q_FIG) fig9
 
 bench-fosi: ## FOSI step and ESE cost vs its base optimizer (AE 2.8M, MLP 1M; thread CPU clock)
-	$(PY) benchmarks/bench_fosi.py --clock cpu
+	$(PY) -m benchmarks.bench_fosi --clock cpu
 
 test-fosi: ## FOSI, Lanczos, HVP and quadratic-experiment tests
 	$(PY) -m pytest -q tests/test_fosi_lanczos.py tests/test_fosi_optimizer.py tests/test_fosi_quadratics.py

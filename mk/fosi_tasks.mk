@@ -6,7 +6,7 @@
 # FOSI_ARGS adds driver flags, e.g. FOSI_ARGS="--clock wall" or "--kfac-grid full".
 FOSI_TASKS ?= lr ae lm tl ac
 FOSI_ARGS ?=
-FOSI_RUN := $(PY) experiments/fosi_tasks/run.py
+FOSI_RUN := $(PY) -m experiments.fosi_tasks.run
 FOSI_COMMON = --profile $(SCALE) --tasks $(FOSI_TASKS) $(FOSI_ARGS)
 
 .PHONY: reproduce-fosi-table1 reproduce-fosi-table2 reproduce-fosi-fig2 reproduce-fosi-fig5 \
@@ -31,4 +31,4 @@ reproduce-fosi-lr: ## the LR row at paper scale on the CPU: Tables 1-2, Figures 
 	$(FOSI_RUN) all --profile paper --tasks lr $(FOSI_ARGS)
 
 bench-fosi-overhead: ## FOSI per-step overhead (tau1, tau2, tau3) and rho(T=800) per task vs the 1.1 target
-	$(PY) experiments/fosi_tasks/overhead.py --profile $(SCALE) --tasks $(FOSI_TASKS)
+	$(PY) -m experiments.fosi_tasks.overhead --profile $(SCALE) --tasks $(FOSI_TASKS)

@@ -16,21 +16,21 @@ SHF_FIG_ARGS = --profile $(SCALE) --datasets mnist curves usps
 
 shf-runs:
 	for d in $(SHF_DATASETS); do \
-		$(PY) experiments/run_missing.py --experiment shf_fig2_$$d --profile $(SCALE) \
+		$(PY) -m experiments.run_missing --experiment shf_fig2_$$d --profile $(SCALE) \
 			--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) $(SHF_OVERRIDES) || exit 1; \
 	done
 
 reproduce-fig2: shf-runs ## the main job: SHF-LSMR Figure 2 (train dotted / test solid error vs time)
-	$(PY) experiments/shf/figures.py fig2 $(SHF_FIG_ARGS)
+	$(PY) -m experiments.shf.figures fig2 $(SHF_FIG_ARGS)
 
 reproduce-fig3: shf-runs ## SHF-LSMR Figure 3 (mini-batch size vs time)
-	$(PY) experiments/shf/figures.py fig3 $(SHF_FIG_ARGS)
+	$(PY) -m experiments.shf.figures fig3 $(SHF_FIG_ARGS)
 
 reproduce-table2: shf-runs ## SHF-LSMR Table 2 (errors at best validation, next to the paper's)
-	$(PY) experiments/shf/figures.py table2 $(SHF_FIG_ARGS)
+	$(PY) -m experiments.shf.figures table2 $(SHF_FIG_ARGS)
 
 reproduce-shf: reproduce-fig2 reproduce-fig3 reproduce-table2 ## all SHF-LSMR figures and tables
 
 .PHONY: bench-shf
 bench-shf: ## SHF building blocks: LSMR iteration vs JVP+VJP, ours vs SciPy, GN·v vs gradient (results/benchmarks/shf.json)
-	$(PY) benchmarks/bench_shf.py --sizes 300 2000 --threads 1 --stat min
+	$(PY) -m benchmarks.bench_shf --sizes 300 2000 --threads 1 --stat min

@@ -4,7 +4,6 @@ on hand-made run records whose answers are known."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +19,7 @@ from curvopt.analysis.curves import (
     shared_horizon,
     value_at,
 )
-
-EXP_DIR = Path(__file__).resolve().parents[1] / "experiments" / "fgn"
-sys.path.insert(0, str(EXP_DIR))
-import cars196  # noqa: E402
+from experiments.fgn import cars196
 
 
 def _frame(run: str, t: list[float], acc: list[float | None]) -> pd.DataFrame:

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-EXP_DIR = Path(__file__).resolve().parents[1] / "experiments" / "fgn"
-sys.path.insert(0, str(EXP_DIR))
-import fig2  # noqa: E402
-import mechanism  # noqa: E402
+from experiments.fgn import fig2, mechanism
 
 
 def test_trace_decomposition_matches_the_spec_table():

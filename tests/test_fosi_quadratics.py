@@ -4,11 +4,8 @@ figures from records."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,19 +13,8 @@ from torch import nn
 
 from curvopt.optim.fosi import FOSI, VARIANTS
 from curvopt.training.records import read_metrics
-
-QDIR = Path(__file__).resolve().parents[1] / "experiments" / "fosi_quadratics"
-sys.path.insert(0, str(QDIR))
-import quadratics as q  # noqa: E402
-
-
-def _load(name: str):
-    """The drivers under a unique module name (other experiments also have a ``figures.py``)."""
-    spec = importlib.util.spec_from_file_location(f"fosi_quadratics_{name}", QDIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from experiments.fosi_quadratics import figures, run
+from experiments.fosi_quadratics import quadratics as q
 
 F64 = torch.float64
 
@@ -143,7 +129,6 @@ def test_problems_have_the_papers_spectra():
 
 
 def test_fig4_records_and_figure(tmp_path):
-    figures, run = _load("figures"), _load("run")
     run.main(["q2", "--results-dir", str(tmp_path / "res"), "--no-pack"])
     runs = figures.load_summaries(tmp_path / "res", "q2_fig4")
     assert {s["setting"]["optimizer"] for s in runs} == {"gd", "fosi_gd"}

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-# The package name ``fosi_tasks`` is unique; a bare ``import run``/``import analysis`` would pick
-# whichever experiment directory another test put first on sys.path (the CI failure).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from fosi_tasks import analysis, figures  # noqa: E402
-from fosi_tasks import run as driver  # noqa: E402
+from experiments.fosi_tasks import analysis, figures
+from experiments.fosi_tasks import run as driver
 
 
 def _write_run(

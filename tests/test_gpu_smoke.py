@@ -4,14 +4,12 @@ compose, and a short version of the list runs (CPU mode, 2 steps) with every ent
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import CONF_DIR, REPO_ROOT, data_dir
 
-sys.path.insert(0, str(REPO_ROOT / "experiments"))
-import gpu_smoke  # noqa: E402
+from experiments import gpu_smoke
 
 
 def test_list_covers_every_paper_experiment():

@@ -3,10 +3,8 @@ throughput, the Table 2 layout next to the paper's numbers, and the figures' fil
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,44 +12,8 @@ import pytest
 import torch
 import yaml
 
-EXP_DIR = Path(__file__).resolve().parents[1] / "experiments" / "alice_llm"
-
-
-def _load(name: str):
-    """experiments/alice_llm/<name>.py as module ``alice_llm_<name>``.
-
-    Other experiments have their own ``figures``/``run`` modules (fosi_tasks, fosi_quadratics, shf),
-    imported by other test files under those plain names; importing ours by plain name through
-    ``sys.path`` would pick up whichever was imported first in the session. So each of ours is loaded
-    from its file under a unique name, with ``specs`` (its sibling import) bound to ours only while
-    it loads, and ``sys.path`` restored afterwards."""
-    unique = f"alice_llm_{name}"
-    if unique in sys.modules:
-        return sys.modules[unique]
-    saved = {k: sys.modules.get(k) for k in ("specs", "figures")}
-    saved_path = list(sys.path)  # figures.py/memory.py put their folder on sys.path when imported
-    sys.path.insert(0, str(EXP_DIR))
-    try:
-        if name != "specs":
-            sys.modules["specs"] = _load("specs")
-        if name not in ("specs", "figures"):
-            sys.modules["figures"] = _load("figures")
-        spec = importlib.util.spec_from_file_location(unique, EXP_DIR / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path[:] = saved_path
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-
-
-specs = _load("specs")
-figures = _load("figures")
+from experiments.alice_llm import basis_stability as basis
+from experiments.alice_llm import figures, memory, specs
 
 
 @pytest.fixture(autouse=True)
@@ -169,7 +131,6 @@ def test_layerwise_updates_equal_normal_steps(method):
     from curvopt.objective import mean_loss
     from curvopt.optim.grouping import build_optimizer
 
-    memory = _load("memory")
     x = torch.randint(3, 256, (2, 16))
     params = []
     for layerwise in (False, True):
@@ -193,7 +154,6 @@ def test_basis_recorder_sees_every_refresh():
     from curvopt.objective import mean_loss
     from curvopt.optim.grouping import build_optimizer
 
-    basis = _load("basis_stability")
     model = _tiny_lm()
     opt = build_optimizer(model, "alice", lr=0.01, rank=16, leading=8, update_interval=2, switch="none")
     name = basis.target_param_name(model)

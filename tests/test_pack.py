@@ -3,7 +3,6 @@ directory per run and from ``metrics.parquet`` + ``runs.jsonl``."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -15,8 +14,7 @@ import yaml
 
 from curvopt.analysis import pack
 from curvopt.analysis.records import load_runs, load_summaries, read_run_metrics
-
-REPO = Path(__file__).resolve().parents[1]
+from experiments.fosi_quadratics import figures as figs
 
 
 def write_run(exp: Path, run_id: str, rows: list[dict], summary: dict | None, config: dict) -> Path:
@@ -136,11 +134,6 @@ def test_cli_packs_every_experiment_below_a_folder(tmp_path: Path, capsys: pytes
 
 
 def test_fosi_quadratics_readers_read_the_pack(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "fosi_q_figures", REPO / "experiments/fosi_quadratics/figures.py"
-    )
-    figs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figs)
     for root in (tmp_path / "loose", tmp_path / "packed"):
         for name, f in (("gd", [3.0, 2.0, "nan"]), ("fosi_gd", [3.0, 1.0, 0.5])):
             rows = [{"step": t, "f": v} for t, v in enumerate(f)]

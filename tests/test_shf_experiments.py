@@ -3,16 +3,16 @@ Figure 3 / Table 2 code drawing from the records those runs write."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, REPO_ROOT, compose
+from conftest import CONF_DIR, compose
 
 from curvopt.data.common import DataNotFoundError
 from curvopt.training.build import apply_optimizer_variant, run_from_config
 from curvopt.training.records import read_metrics
+from experiments.shf import figures
 
 DATASETS = ("mnist", "curves", "usps")
 METHODS = ("shf_lsmr", "hf_cg")
@@ -37,13 +37,6 @@ METHOD_SHRINK = {
     ],
     "hf_cg": ["optimizer.cg_maxiter=5"],
 }
-
-
-def _load_figures():
-    spec = importlib.util.spec_from_file_location("shf_figures", REPO_ROOT / "experiments/shf/figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_shf_experiment_has_quick_and_paper_profiles():
@@ -114,7 +107,6 @@ def test_two_iterations_of_each_method_then_figures(dataset, tmp_path):
         assert rows[-1]["train/f"] == pytest.approx(rows[-1]["train/E_sq"] / 2)
         summary_file = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
         assert summary_file["steps"] == 2
-    figures = _load_figures()
     out = tmp_path / "figs"
     png = figures.fig2(tmp_path, [dataset], "quick", out / "fig2.png")
     assert png.exists() and png.with_suffix(".csv").exists()
@@ -126,7 +118,6 @@ def test_two_iterations_of_each_method_then_figures(dataset, tmp_path):
 
 
 def test_figures_say_not_run_without_records(tmp_path):
-    figures = _load_figures()
     png = figures.fig2(tmp_path, ["usps"], "paper", tmp_path / "fig2.png")
     assert png.exists() and not png.with_suffix(".csv").exists()
     table = figures.table2(tmp_path, ["usps"], "paper", tmp_path)

@@ -12,14 +12,13 @@ cosines are captured by optimizer step hooks and written to
 ``results/alice_basis/<profile>_<variant>.csv``. At the quick profile the refresh interval is 20
 (10 refreshes in 200 updates) instead of 50.
 
-    python experiments/alice_llm/basis_stability.py --profile quick
+    python -m experiments.alice_llm.basis_stability --profile quick
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -139,5 +138,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO / "src"))
     main()

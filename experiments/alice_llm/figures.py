@@ -1,8 +1,8 @@
 """RACS/Alice LLM experiments: Table 2, Figures 1–3, 5, 6 and Table 5 from run records, and
 Figure 4 from the memory benchmark's records, next to the paper's numbers where they exist.
 
-    python experiments/alice_llm/figures.py table2 --profile quick
-    python experiments/alice_llm/figures.py fig2 --profile paper --sizes 60m 130m 350m
+    python -m experiments.alice_llm.figures table2 --profile quick
+    python -m experiments.alice_llm.figures fig2 --profile paper --sizes 60m 130m 350m
 
 Definitions (spec racs_alice §7.5, §8.1, §10 item 4):
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -33,8 +32,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from specs import (  # noqa: E402
+from curvopt.analysis.records import load_runs, load_summaries  # noqa: E402
+from experiments.alice_llm.specs import (  # noqa: E402
     FIG5_PANELS,
     TABLE2_METHODS,
     TABLE5_ROWS,
@@ -43,8 +42,6 @@ from specs import (  # noqa: E402
     method_by_key,
     sizes_for,
 )
-
-from curvopt.analysis.records import load_runs, load_summaries  # noqa: E402
 
 PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.csv")
 PPL = "val/ppl"

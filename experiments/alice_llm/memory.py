@@ -16,11 +16,11 @@ What is measured depends on the device, and the records say which (``memory_kind
   fresh process per configuration; the process's peak resident-set growth is recorded beside it
   (``rss_delta_bytes``, which adds allocator slack and kernel workspaces).
 
-    python experiments/alice_llm/memory.py --profile quick           # tiny and 60M on the CPU
-    python experiments/alice_llm/memory.py --profile paper --sizes 60m 130m 350m 1b   # GPU
+    python -m experiments.alice_llm.memory --profile quick           # tiny and 60M on the CPU
+    python -m experiments.alice_llm.memory --profile paper --sizes 60m 130m 350m 1b   # GPU
 
 Records: ``results/alice_memory/<profile>_<size>_<method>[_layerwise].json`` (kept; delete one
-to re-measure). ``experiments/alice_llm/figures.py fig4`` draws them.
+to re-measure). ``python -m experiments.alice_llm.figures fig4`` draws them.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from specs import TABLE2_METHODS, experiment_for, method_by_key  # noqa: E402
+from experiments.alice_llm.specs import TABLE2_METHODS, experiment_for, method_by_key
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_SIZES = ["tiny", "60m"]
@@ -219,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
                 if path.exists():
                     print(f"[kept] {path}")
                     continue
-                cmd = [sys.executable, __file__, "--profile", args.profile, "--steps", str(args.steps),
+                cmd = [sys.executable, "-m", "experiments.alice_llm.memory", "--profile", args.profile, "--steps", str(args.steps),
                        "--device", args.device, "--dtype", args.dtype,
                        "--one", size, method, "1" if layerwise else "0"]  # fmt: skip
                 done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)

@@ -1,9 +1,9 @@
 """Run what is missing for a RACS/Alice LLM table or figure, then draw it (the ``make
 reproduce-alice-*`` targets).
 
-    python experiments/alice_llm/run.py table2 --profile quick
-    python experiments/alice_llm/run.py fig2 --profile paper --sizes 60m 130m
-    python experiments/alice_llm/run.py table2 --profile quick --dry-run   # list the commands
+    python -m experiments.alice_llm.run table2 --profile quick
+    python -m experiments.alice_llm.run fig2 --profile paper --sizes 60m 130m
+    python -m experiments.alice_llm.run table2 --profile quick --dry-run   # list the commands
 
 Finished runs are kept (``curvopt.runs.ensure_run``): a second call only redraws. Extra Hydra
 overrides after ``--`` go to every run (e.g. ``-- trainer.device=cuda``). For a multi-GPU node
@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import figures  # noqa: E402
-from specs import (  # noqa: E402
+from curvopt.runs import ensure_run
+from experiments.alice_llm import figures
+from experiments.alice_llm.specs import (
     ABLATION_METHODS,
     TABLE2_METHODS,
     Method,
@@ -27,8 +27,6 @@ from specs import (  # noqa: E402
     experiment_for,
     sizes_for,
 )
-
-from curvopt.runs import ensure_run  # noqa: E402
 
 MAIN_KEYS = {m.key for m in TABLE2_METHODS}
 

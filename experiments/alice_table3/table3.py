@@ -13,8 +13,8 @@ in GiB. Two estimates are reported:
 ``measured_gib`` = weights + bytes of every tensor in ``optimizer.state`` after one step on the
 60M model (``curvopt.optim.grouping.optimizer_state_bytes``).
 
-    python experiments/alice_table3/table3.py            # writes results/tables/alice_table3.{md,csv}
-    python experiments/alice_table3/table3.py --no-measure
+    python -m experiments.alice_table3.table3            # writes results/tables/alice_table3.{md,csv}
+    python -m experiments.alice_table3.table3 --no-measure
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """FGN paper, frozen-feature head on Cars196: run what is missing, then Figure 3 and Table 1 from
 the run records only (``make reproduce-fgn-fig3`` / ``make reproduce-fgn-table1``).
 
-    python experiments/fgn/cars196.py all --profile quick
-    python experiments/fgn/cars196.py run --profile paper --seeds 0 1 2 -- trainer.device=cuda
-    python experiments/fgn/cars196.py table1 --profile paper --dataset cars196_synthetic
+    python -m experiments.fgn.cars196 all --profile quick
+    python -m experiments.fgn.cars196 run --profile paper --seeds 0 1 2 -- trainer.device=cuda
+    python -m experiments.fgn.cars196 table1 --profile paper --dataset cars196_synthetic
 
 Runs go through the shared loop (``src/train.py experiment=fgn_cars196[_paper] optimizer=<m>
 seed=<s>``) with ids ``<optimizer>_<profile>_s<seed>`` (plus ``_<dataset>`` when the dataset is

@@ -1,8 +1,8 @@
 """FGN paper Figure 2 (mechanism checks): measure, record, then draw from the records only.
 
-    python experiments/fgn/fig2.py all --profile quick          # what `make reproduce-fgn-fig2` runs
-    python experiments/fgn/fig2.py timing --profile paper --set timing.classes=[2,4096]
-    python experiments/fgn/fig2.py plot --profile quick
+    python -m experiments.fgn.fig2 all --profile quick          # what `make reproduce-fgn-fig2` runs
+    python -m experiments.fgn.fig2 timing --profile paper --set timing.classes=[2,4096]
+    python -m experiments.fgn.fig2 plot --profile quick
 
 Records (``results/fgn_fig2/<profile>/``):
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mechanism  # noqa: E402
+from experiments.fgn import mechanism
 
 CONFIG = Path(__file__).with_name("fig2.yaml")
 METHOD_LABELS = {

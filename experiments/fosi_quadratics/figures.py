@@ -1,7 +1,7 @@
 """Draw the FOSI paper's quadratic figures (3, 4, 7, 8, 9) from the run records only.
 
-    python experiments/fosi_quadratics/figures.py all
-    python experiments/fosi_quadratics/figures.py fig3 fig4 --results-dir results/fosi_quadratics
+    python -m experiments.fosi_quadratics.figures all
+    python -m experiments.fosi_quadratics.figures fig3 fig4 --results-dir results/fosi_quadratics
 
 Reads the records ``run.py`` writes: ``results/fosi_quadratics/<experiment>/{runs.jsonl,
 metrics.parquet}`` (the packed layout, ``curvopt.analysis.pack``) or ``<experiment>/<run>/{summary.json,
@@ -61,7 +61,7 @@ def load_summaries(results: Path, experiment: str) -> list[dict[str, Any]]:
     folder = results / experiment
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"no records at {folder}; run `python experiments/fosi_quadratics/run.py all` first"
+            f"no records at {folder}; run `python -m experiments.fosi_quadratics.run all` first"
         )
     packed = {e["run_id"]: e for e in read_packed_runs(folder)}  # the packed layout wins
     out = []

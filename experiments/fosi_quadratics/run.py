@@ -1,7 +1,7 @@
 """Run the FOSI paper's quadratic experiments and write one run record per optimizer/setting.
 
-    python experiments/fosi_quadratics/run.py all            # Q1–Q4 (a minute or two on 2 cores)
-    python experiments/fosi_quadratics/run.py q1 q2          # some of them
+    python -m experiments.fosi_quadratics.run all            # Q1–Q4 (a minute or two on 2 cores)
+    python -m experiments.fosi_quadratics.run q1 q2          # some of them
 
 Records go to ``results/fosi_quadratics/<experiment>/<run>/{config.yaml, metrics.jsonl,
 summary.json}`` through the loop's ``RunRecorder`` (one ``{"step": t, "f": f(θ_t)}`` row per
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quadratics as q  # noqa: E402
-
 from curvopt.analysis.pack import (  # noqa: E402
     PACKED_METRICS,
     PACKED_RUNS,
@@ -51,6 +47,7 @@ from curvopt.analysis.pack import (  # noqa: E402
     pack_experiment,
 )
 from curvopt.training.records import RunRecorder, environment_info, git_commit  # noqa: E402
+from experiments.fosi_quadratics import quadratics as q  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ("q1", "q2", "q3", "q4")

@@ -1,1 +1,1 @@
-"""FOSI DNN tasks: driver, analysis and figures (imported as ``fosi_tasks``; see docs/fosi_tasks.md)."""
+"""FOSI DNN tasks: driver, analysis, figures and report items (see docs/fosi_tasks.md)."""

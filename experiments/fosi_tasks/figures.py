@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fosi_tasks.analysis import (  # noqa: E402
+from experiments.fosi_tasks.analysis import (  # noqa: E402
     LABELS,
     MAIN_OPTIMIZERS,
     Task,

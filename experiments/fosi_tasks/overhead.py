@@ -12,7 +12,7 @@ model and batch size at the chosen profile:
 and reports the amortised ratio ρ(T) = (τ₂ + τ₃/T)/τ₁ at the paper's T = 800 and at the T of the
 profile, with the period T* = τ₃/(1.1·τ₁ − τ₂) that would meet ρ = 1.1 (eq. 8).
 
-    python experiments/fosi_tasks/overhead.py --profile quick --tasks lr ae lm
+    python -m experiments.fosi_tasks.overhead --profile quick --tasks lr ae lm
 """
 
 from __future__ import annotations
@@ -21,18 +21,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from curvopt.objective import Objective  # noqa: E402
-from curvopt.runs import REPO_ROOT, experiment_config  # noqa: E402
-from curvopt.training.build import apply_optimizer_variant, build_algorithm, build_data, build_model  # noqa: E402
-from fosi_tasks import analysis  # noqa: E402
-from fosi_tasks.run import data_problem  # noqa: E402
+from curvopt.objective import Objective
+from curvopt.runs import REPO_ROOT, experiment_config
+from curvopt.training.build import apply_optimizer_variant, build_algorithm, build_data, build_model
+from experiments.fosi_tasks import analysis
+from experiments.fosi_tasks.run import data_problem
 
 CONF_DIR = REPO_ROOT / "conf"
 

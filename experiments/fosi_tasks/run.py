@@ -1,11 +1,11 @@
 """Run what is missing for the FOSI DNN tables and figures, then build them from the run records
 (the ``make reproduce-fosi-*`` targets).
 
-    python experiments/fosi_tasks/run.py table1 --profile paper --tasks lr      # runs + Table 1
-    python experiments/fosi_tasks/run.py fig5 --profile quick                   # all tasks with data
-    python experiments/fosi_tasks/run.py fig6 --profile quick --kfac-grid full
-    python experiments/fosi_tasks/run.py table1 --no-run                        # only redraw
-    python experiments/fosi_tasks/run.py table1 --dry-run                       # list the commands
+    python -m experiments.fosi_tasks.run table1 --profile paper --tasks lr      # runs + Table 1
+    python -m experiments.fosi_tasks.run fig5 --profile quick                   # all tasks with data
+    python -m experiments.fosi_tasks.run fig6 --profile quick --kfac-grid full
+    python -m experiments.fosi_tasks.run table1 --no-run                        # only redraw
+    python -m experiments.fosi_tasks.run table1 --dry-run                       # list the commands
 
 Finished (or diverged) runs are kept (``curvopt.runs.ensure_run``). A task whose data or weights
 are missing is skipped with the loader's message (what to download, where to put it) and shows up
@@ -24,11 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Imported as the package ``fosi_tasks``: other experiments also have run.py/figures.py/analysis.py,
-# and a bare ``import analysis`` would pick whichever directory is first on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from curvopt.runs import REPO_ROOT, ensure_run  # noqa: E402
-from fosi_tasks import analysis, figures  # noqa: E402
+from curvopt.runs import REPO_ROOT, ensure_run
+from experiments.fosi_tasks import analysis, figures
 
 WHAT = ("table1", "table2", "fig2", "fig5", "fig6", "all")
 
@@ -48,7 +45,7 @@ def data_problem(task: analysis.Task, data_dir: Path) -> str | None:
             if cifar10._find_python_batches(data_dir) is None and cifar10._find_packed(data_dir) is None:
                 return f"CIFAR-10 not found under {data_dir}. {cifar10.HOW_TO_GET}"
             if task.key == "tl":
-                from curvopt.models.resnet_head import resolve_weights
+                from curvopt.data.pretrained import resolve_weights
 
                 resolve_weights(str(data_dir / "resnet18"))
         elif task.key == "lm":

@@ -13,14 +13,14 @@ fresh training batch of size n, it measures
 
 Usage (one thread, CPU)::
 
-    python experiments/shf/audit.py --dataset usps --batch 2000 \
+    python -m experiments.shf.audit --dataset usps --batch 2000 \
         [--checkpoint results/shf_fig2_usps/shf_lsmr_paper_s0/checkpoint.pt] --out results/shf_audit/x.json
 
 ``--trajectory`` instead draws, from the run records only, what the two methods did per outer
 iteration (λ, inner iterations and LSMR's stop reasons, ρ, batch size, test error vs iteration and
 time) to ``results/figures/shf_audit_<dataset>_<profile>.png`` (+ CSV)::
 
-    python experiments/shf/audit.py --trajectory --dataset usps --profile paper
+    python -m experiments.shf.audit --trajectory --dataset usps --profile paper
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """SHF-LSMR paper: Figure 2 (error vs time), Figure 3 (batch size vs time) and Table 2, drawn
 from run records only (``results/shf_fig2_<dataset>/``).
 
-    python experiments/shf/figures.py fig2 --datasets mnist
-    python experiments/shf/figures.py fig3 --datasets mnist curves usps
-    python experiments/shf/figures.py table2 --datasets mnist
+    python -m experiments.shf.figures fig2 --datasets mnist
+    python -m experiments.shf.figures fig3 --datasets mnist curves usps
+    python -m experiments.shf.figures table2 --datasets mnist
 
 Seeds are averaged by linear interpolation of each run's curve onto a common time grid over
 ``[0, min_seed T_final]`` (spec §4, Figure 2 recipe); every plotted series is saved as CSV next

@@ -29,21 +29,29 @@ BENCH = REPO / "results" / "benchmarks"
 
 
 def commands(quick: bool, py: str = sys.executable) -> list[list[str]]:
-    """The benchmark scripts; quick mode (about 5 min on 2 shared cores) writes to
-    ``results/benchmarks/quick/`` so it never overwrites the papers' full benchmark outputs."""
+    """The benchmark commands, ``python -m benchmarks.<script>`` from the repository root.
+
+    Args:
+        quick: Quick mode (about 5 min on 2 shared cores), written to ``results/benchmarks/quick/``
+            so it never overwrites the papers' full benchmark outputs.
+        py: The Python interpreter.
+
+    Returns:
+        One argv list per benchmark.
+    """
     if quick:
         out = BENCH / "quick"
         return [
-            [py, "benchmarks/bench_llm_optim.py", "--quick", "--threads", "1", "--out-dir", str(out)],
-            [py, "benchmarks/bench_fgn.py", "--classes", "196", "1024", "--batch-size", "256", "--dim", "512",
+            [py, "-m", "benchmarks.bench_llm_optim", "--quick", "--threads", "1", "--out-dir", str(out)],
+            [py, "-m", "benchmarks.bench_fgn", "--classes", "196", "1024", "--batch-size", "256", "--dim", "512",
              "--repeats", "3", "--threads", "1", "--out", str(out)],
-            [py, "benchmarks/bench_fosi.py", "--models", "mlp", "--bases", "heavy_ball", "adam", "--rounds", "4",
+            [py, "-m", "benchmarks.bench_fosi", "--models", "mlp", "--bases", "heavy_ball", "adam", "--rounds", "4",
              "--clock", "cpu", "--threads", "1", "--out", str(out / "fosi.json")],
         ]  # fmt: skip
     return [
-        [py, "benchmarks/bench_llm_optim.py", "--out-dir", str(BENCH)],
-        [py, "benchmarks/bench_fgn.py", "--out", str(BENCH)],
-        [py, "benchmarks/bench_fosi.py", "--out", str(BENCH / "fosi.json")],
+        [py, "-m", "benchmarks.bench_llm_optim", "--out-dir", str(BENCH)],
+        [py, "-m", "benchmarks.bench_fgn", "--out", str(BENCH)],
+        [py, "-m", "benchmarks.bench_fosi", "--out", str(BENCH / "fosi.json")],
     ]
 
 

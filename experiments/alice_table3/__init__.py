@@ -1,0 +1,1 @@
+"""RACS/Alice paper, Table 3: estimated and measured optimizer memory, report item."""

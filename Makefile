@@ -1,5 +1,9 @@
 # Entry points. `make setup` once, then `make reproduce-fig2` (the main job) and `make test`.
 # SCALE=quick (2-core CPU, minutes) | paper (the papers' settings, for a GPU).
+# Per paper (mk/<paper>.mk): reproduce-<paper>-<item>, reproduce-<paper> (all of its items),
+# test-<paper>, bench-<paper>. `make help` lists them, one heading per file. The drivers are run as
+# modules of the experiments package from the repository root (python -m experiments.<paper>.<driver>).
+##@ Setup, tests, lint
 SHELL := /bin/bash
 VENV ?= .venv
 PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
@@ -15,8 +19,10 @@ TRAIN := $(PY) src/train.py
 
 .PHONY: setup test test-slow test-all lint format mnist-autoencoder-demo help
 
-help:
-	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | sort
+help: ## this list: one heading per file (##@ line), its targets in file order
+	@awk '/^##@ / { printf "\n%s\n", substr($$0, 5); next } \
+		/^[a-zA-Z0-9_-]+:.*## / { name = $$0; sub(/:.*/, "", name); text = $$0; sub(/^[^#]*## /, "", text); \
+		printf "  %-28s %s\n", name, text }' $(MAKEFILE_LIST)
 
 setup: ## create .venv and install the pinned requirements (CPU torch) + this package
 	python3 -m venv $(VENV)
@@ -46,4 +52,6 @@ mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, the
 	$(PY) -m curvopt.plots.error_vs_time --experiment mnist_autoencoder \
 		--out results/figures/mnist_autoencoder_error_vs_time.png
 
--include mk/*.mk
+# Papers in the README's order, then the report and the cluster tools (any other mk/*.mk after them).
+MK_FILES := mk/shf.mk mk/fgn.mk mk/fosi.mk mk/fosi_tasks.mk mk/alice.mk mk/alice_llm.mk mk/report.mk mk/cluster.mk
+-include $(MK_FILES) $(filter-out $(MK_FILES),$(sort $(wildcard mk/*.mk)))

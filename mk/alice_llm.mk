@@ -1,3 +1,4 @@
+##@ RACS / Alice paper: LLaMA on C4, Tables 2 and 5, Figures 1-6 (docs/alice_llm.md)
 # RACS / Alice paper, LLaMA on C4 (docs/alice_llm.md). SCALE=quick: a small LLaMA on the C4
 # sample on the CPU (~15 min for the Table 2 set); SCALE=paper: the paper's sizes on GPUs
 # (ALICE_SIZES, ALICE_NPROC = GPUs per run via torchrun). Each target runs only what is missing.
@@ -37,7 +38,10 @@ reproduce-alice-fig6: ## RACS/Alice Figure 6 (basis stability across refreshes)
 	$(PY) -m experiments.alice_llm.basis_stability --profile $(SCALE)
 	$(ALICE_FIG) fig6
 
-reproduce-alice: reproduce-alice-table2 reproduce-alice-fig2 reproduce-alice-fig3 reproduce-alice-fig4 ## everything above
+ALICE_ITEMS := reproduce-alice-table2 reproduce-alice-fig1 reproduce-alice-fig2 reproduce-alice-fig3 \
+	reproduce-alice-fig4 reproduce-alice-fig5 reproduce-alice-table5 reproduce-alice-fig6
+
+reproduce-alice: $(ALICE_ITEMS) ## everything above: Table 2, Figures 1-6, Table 5 (Table 3: reproduce-alice-table3)
 
 bench-alice-throughput: ## tokens/s of each method relative to Adam (tiny and 60M on this machine)
 	$(PY) -m benchmarks.bench_llm_throughput

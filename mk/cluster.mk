@@ -1,3 +1,4 @@
+##@ Cluster: offline wheelhouse, GPU smoke test (docs/cluster.md)
 # Cluster use (docs/cluster.md): an offline wheelhouse for GPU nodes without internet, and the GPU
 # smoke test of every paper experiment (CUDA when present, else the same list on the CPU).
 #   make wheelhouse PY_TARGET=3.12 PLATFORM=manylinux_2_28_x86_64 WHEELHOUSE_ARGS="--with submitit"

@@ -1,3 +1,4 @@
+##@ FGN paper (docs/fgn.md)
 # FGN paper (Fast Gauss-Newton for multiclass cross-entropy), docs/fgn.md.
 # SCALE=quick: 2-core CPU, minutes (synthetic Cars196 stand-in, short runs, fewer C values);
 # SCALE=paper: the paper's protocol (GPU; real Cars196 features, or FGN_DATASET=cars196_synthetic).

@@ -1,3 +1,4 @@
+##@ FOSI paper: quadratic experiments, optimizer benchmark and tests (docs/fosi.md)
 # FOSI (docs/fosi.md). The quadratic experiments are float64 and run at the paper's settings on
 # the CPU whatever SCALE says (about two minutes on 2 cores); figures are drawn from the run
 # records in $(FOSI_Q_RESULTS) only.
@@ -32,5 +33,5 @@ reproduce-fosi-fig9: ## FOSI Figure 9 (Q4: learning-rate and momentum sweeps, c 
 bench-fosi: ## FOSI step and ESE cost vs its base optimizer (AE 2.8M, MLP 1M; thread CPU clock)
 	$(PY) -m benchmarks.bench_fosi --clock cpu
 
-test-fosi: ## FOSI, Lanczos, HVP and quadratic-experiment tests
-	$(PY) -m pytest -q tests/test_fosi_lanczos.py tests/test_fosi_optimizer.py tests/test_fosi_quadratics.py
+test-fosi: ## FOSI paper tests: optimizer, Lanczos/HVP, quadratics, the DNN tasks (data, models, analysis), K-FAC
+	$(PY) -m pytest -q tests/test_fosi_*.py tests/test_kfac.py

@@ -1,3 +1,4 @@
+##@ FOSI paper: the five DNN tasks (docs/fosi_tasks.md)
 # FOSI paper, part 2: the five DNN tasks (docs/fosi_tasks.md). Each target runs only what is missing
 # (finished runs are kept), then builds its table/figure from the run records.
 # SCALE=quick: CPU smoke scale (LR at 20 epochs, AE/LM a few hundred steps; TL/AC need their data);
@@ -10,7 +11,7 @@ FOSI_RUN := $(PY) -m experiments.fosi_tasks.run
 FOSI_COMMON = --profile $(SCALE) --tasks $(FOSI_TASKS) $(FOSI_ARGS)
 
 .PHONY: reproduce-fosi-table1 reproduce-fosi-table2 reproduce-fosi-fig2 reproduce-fosi-fig5 \
-	reproduce-fosi-fig6 reproduce-fosi-lr bench-fosi-overhead
+	reproduce-fosi-fig6 reproduce-fosi-lr bench-fosi-overhead reproduce-fosi
 
 reproduce-fosi-table1: ## FOSI Table 1 (time to the base optimizer's best validation metric) + paper's values
 	$(FOSI_RUN) table1 $(FOSI_COMMON)
@@ -32,3 +33,9 @@ reproduce-fosi-lr: ## the LR row at paper scale on the CPU: Tables 1-2, Figures 
 
 bench-fosi-overhead: ## FOSI per-step overhead (tau1, tau2, tau3) and rho(T=800) per task vs the 1.1 target
 	$(PY) -m experiments.fosi_tasks.overhead --profile $(SCALE) --tasks $(FOSI_TASKS)
+
+# Every FOSI item of the report, in its order (the quadratics come from mk/fosi.mk).
+FOSI_ITEMS := reproduce-fosi-quadratics reproduce-fosi-table1 reproduce-fosi-table2 reproduce-fosi-fig2 \
+	reproduce-fosi-fig5 reproduce-fosi-fig6 bench-fosi-overhead
+
+reproduce-fosi: $(FOSI_ITEMS) ## all FOSI figures and tables: quadratics (Figs 3, 4, 7-9), Tables 1-2, Figs 2, 5, 6, overhead

@@ -1,3 +1,4 @@
+##@ Reproduction report and cross-paper benchmark table
 # Reproduction report (issue 9) and the cross-paper benchmark table.
 # `make report` reads run records and the drivers' table outputs only (it runs nothing): a missing run
 # shows as "not run" with the command that produces it.

@@ -1,3 +1,4 @@
+##@ SHF-LSMR paper (docs/shf.md)
 # SHF-LSMR paper (docs/shf.md). SCALE=quick: MNIST on the CPU, one seed, a fixed algorithm-time
 # budget per method (~10 min for the whole target); SCALE=paper: all three datasets, 5 seeds,
 # the paper's settings (GPU). Each target runs only the missing runs, then draws from the records.
@@ -12,7 +13,8 @@ SHF_OVERRIDES ?= $(if $(SHF_CPU),$(SHF_CPU_OVERRIDES))
 # Figures and the table always show all three datasets; a panel without runs says how to make them.
 SHF_FIG_ARGS = --profile $(SCALE) --datasets mnist curves usps
 
-.PHONY: shf-runs reproduce-fig2 reproduce-fig3 reproduce-table2 reproduce-shf
+.PHONY: shf-runs reproduce-shf-fig2 reproduce-shf-fig3 reproduce-shf-table2 reproduce-shf \
+	reproduce-fig2 reproduce-fig3 reproduce-table2 bench-shf test-shf
 
 shf-runs:
 	for d in $(SHF_DATASETS); do \
@@ -20,17 +22,24 @@ shf-runs:
 			--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) $(SHF_OVERRIDES) || exit 1; \
 	done
 
-reproduce-fig2: shf-runs ## the main job: SHF-LSMR Figure 2 (train dotted / test solid error vs time)
+reproduce-shf-fig2: shf-runs ## SHF-LSMR Figure 2 (train dotted / test solid error vs time)
 	$(PY) -m experiments.shf.figures fig2 $(SHF_FIG_ARGS)
 
-reproduce-fig3: shf-runs ## SHF-LSMR Figure 3 (mini-batch size vs time)
+reproduce-shf-fig3: shf-runs ## SHF-LSMR Figure 3 (mini-batch size vs time)
 	$(PY) -m experiments.shf.figures fig3 $(SHF_FIG_ARGS)
 
-reproduce-table2: shf-runs ## SHF-LSMR Table 2 (errors at best validation, next to the paper's)
+reproduce-shf-table2: shf-runs ## SHF-LSMR Table 2 (errors at best validation, next to the paper's)
 	$(PY) -m experiments.shf.figures table2 $(SHF_FIG_ARGS)
 
-reproduce-shf: reproduce-fig2 reproduce-fig3 reproduce-table2 ## all SHF-LSMR figures and tables
+reproduce-shf: reproduce-shf-fig2 reproduce-shf-fig3 reproduce-shf-table2 ## all SHF-LSMR figures and tables
 
-.PHONY: bench-shf
+# Short names (README, docs): the main job and the paper's other two items.
+reproduce-fig2: reproduce-shf-fig2 ## the main job: short for reproduce-shf-fig2
+reproduce-fig3: reproduce-shf-fig3 ## short for reproduce-shf-fig3
+reproduce-table2: reproduce-shf-table2 ## short for reproduce-shf-table2
+
 bench-shf: ## SHF building blocks: LSMR iteration vs JVP+VJP, ours vs SciPy, GN·v vs gradient (results/benchmarks/shf.json)
 	$(PY) -m benchmarks.bench_shf --sizes 300 2000 --threads 1 --stat min
+
+test-shf: ## SHF-LSMR and HF-CG tests: LSMR, Gauss-Newton products, both algorithms, USPS/CURVES data, experiments
+	$(PY) -m pytest -q tests/test_shf_*.py tests/test_hfcg_*.py tests/test_data_curves_usps.py

@@ -2,7 +2,8 @@
 
 Every item (one figure or table of one paper) is evaluated by a function that reads run records
 (through :mod:`curvopt.analysis.records`) or a driver's own table output, and returns an
-:class:`ItemResult`. A missing run raises :class:`NotRun`, which becomes a "not run" entry with the
+:class:`ItemResult`; each paper's evaluators live next to its drivers (``experiments/<paper>/report.py``,
+listed by :mod:`curvopt.report.papers`). A missing run raises :class:`NotRun`, which becomes a "not run" entry with the
 ``make`` command that produces it; any other exception becomes an "error" entry (the report never
 crashes and never falls back to an older number).
 
@@ -21,9 +22,7 @@ from __future__ import annotations
 
 import base64
 import html
-import importlib.util
 import math
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,19 +150,19 @@ def existing_figures(results: Path, patterns: Iterable[str]) -> list[Path]:
     return out
 
 
-def load_driver(relpath: str, name: str | None = None) -> Any:
-    """Import a driver script (``experiments/<paper>/<file>.py``) as a module to reuse its
-    record-reading table functions."""
-    path = REPO / relpath
-    name = name or "report_" + relpath.replace("/", "_").removesuffix(".py")
-    if name in sys.modules:
-        return sys.modules[name]
-    # no sys.path change here: a driver that imports its siblings adds its own folder itself
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def finite(x: Any) -> bool:
+    """Whether ``x`` converts to a finite float.
+
+    Args:
+        x: Any value (a number, a numeric string, ``None``, ...).
+
+    Returns:
+        ``True`` for a finite number, ``False`` for NaN, ±inf and anything ``float()`` rejects.
+    """
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
 
 
 def rel_gap(ours: float, paper: float) -> float:

@@ -20,7 +20,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `curvopt` without an install
+# `curvopt` without an install. `python src/train.py` has src/ first on sys.path already; this line is for
+# experiments/gpu_smoke.py, which runs this file in-process (runpy.run_path), where nothing else adds it.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curvopt.errors import (  # noqa: E402
     EXIT_BAD_INPUT,

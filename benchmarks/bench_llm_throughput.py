@@ -42,6 +42,9 @@ REFRESH_KEYS = ("update_proj_gap", "update_interval", "proj_gap", "K")
 def compose_cfg(size: str, method_key: str, extra: list[str]):
     from hydra import compose, initialize_config_dir
 
+    from curvopt.training.schema import register_schemas
+
+    register_schemas()
     m = method_by_key(method_key)
     exp = "alice_c4" if size == "tiny" else f"alice_c4_{size}_paper"
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):

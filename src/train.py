@@ -34,7 +34,7 @@ from curvopt.errors import (  # noqa: E402
     BadInputError,
     exit_code,
 )
-from curvopt.training.build import apply_optimizer_variant, cli_value_overrides, run_from_config  # noqa: E402
+from curvopt.training.build import run_from_config  # noqa: E402
 from curvopt.training.rundir import CommandLine  # noqa: E402
 
 log = logging.getLogger("train")
@@ -63,8 +63,6 @@ def main(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     sweep = hc.mode == RunMode.MULTIRUN
-    # an experiment's optimizer_variants must not silently undo what the command line set
-    cfg = apply_optimizer_variant(cfg, cli_value_overrides(hc.overrides.task, hc.runtime.choices.keys()))
     cli = CommandLine(
         list(hc.overrides.task),
         {k: str(v) for k, v in hc.runtime.choices.items() if not k.startswith("hydra")},
@@ -101,5 +99,13 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _terminate)
-    main()
+    try:
+        main()
+    except SystemExit as stop:
+        # Hydra prints an error it caught and exits 1. Before any job has run that error is the
+        # command line or the configs themselves (an unknown key or group option, a value of the
+        # wrong type: the schemas in curvopt.training.schema): bad input, like a bad value.
+        if stop.code == 1 and not _CODES:
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        raise
     sys.exit(final_code(_CODES))

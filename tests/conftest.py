@@ -57,5 +57,8 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from curvopt.training.schema import register_schemas
+
+    register_schemas()  # the trainer/paths/logger schemas (the entrypoint registers them on import)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides)

@@ -96,28 +96,152 @@ def test_model_builders_are_importable():
         assert isinstance(model, torch.nn.Module), path.name
 
 
-def test_command_line_wins_over_experiment_variant():
-    """An experiment's optimizer_variants must not silently undo an explicit command-line value."""
-    from curvopt.training.build import apply_optimizer_variant, cli_value_overrides
-
-    argv = [
-        "experiment=fosi_lm",
-        "optimizer=fosi_adam",
-        "optimizer.k=7",
-        "optimizer.hvp_mode=forward_over_reverse",
-    ]
-    cfg = compose(argv)
-    plain = apply_optimizer_variant(cfg)
-    assert (plain.optimizer.k, plain.optimizer.hvp_mode) == (
+def test_command_line_wins_over_per_optimizer_settings():
+    """conf/per_optimizer/<experiment>/<optimizer>.yaml is composed by Hydra after the experiment,
+    and the command line is applied after both: an explicit value wins, the rest still applies."""
+    plain = compose(["experiment=fosi_lm", "optimizer=fosi_adam"])
+    assert (plain.optimizer.k, plain.optimizer.hvp_mode, plain.optimizer.ese_period) == (
         5,
         "reverse_over_reverse",
-    )  # the variant's values
-    pairs = cli_value_overrides(argv, ["experiment", "optimizer", "model", "dataset", "trainer"])
-    assert pairs == [("optimizer.k", 7), ("optimizer.hvp_mode", "forward_over_reverse")]
-    merged = apply_optimizer_variant(cfg, pairs)
-    assert (merged.optimizer.k, merged.optimizer.hvp_mode) == (7, "forward_over_reverse")
-    assert merged.optimizer.ese_period == 100  # the rest of the variant still applies
-    assert apply_optimizer_variant(merged) is merged  # a second merge changes nothing
+        100,
+    )  # conf/per_optimizer/fosi_lm/fosi_adam.yaml
+    cli = compose(
+        [
+            "experiment=fosi_lm",
+            "optimizer=fosi_adam",
+            "optimizer.k=7",
+            "optimizer.hvp_mode=forward_over_reverse",
+        ]
+    )
+    assert (cli.optimizer.k, cli.optimizer.hvp_mode, cli.optimizer.ese_period) == (
+        7,
+        "forward_over_reverse",
+        100,
+    )
+    # a quick experiment's settings reach its paper profile through the per-optimizer file's defaults
+    paper = compose(["experiment=fosi_lm_paper", "optimizer=fosi_adam"])
+    assert (paper.optimizer.k, paper.optimizer.ese_period, paper.optimizer.hvp_mode) == (
+        10,
+        800,
+        "reverse_over_reverse",
+    )
+    # an optimizer without a file for this experiment gets the experiment alone
+    assert compose(["experiment=fosi_lm", "optimizer=sgd"]).optimizer == compose(["optimizer=sgd"]).optimizer
+
+
+def _experiment_parents(name: str) -> list[str]:
+    import yaml
+
+    cfg = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
+    return [d for d in cfg.get("defaults", []) if isinstance(d, str) and not d.startswith(("/", "_self_"))]
+
+
+def test_per_optimizer_files_follow_the_experiments():
+    """Every conf/per_optimizer/<experiment>/<optimizer>.yaml names a real experiment and optimizer;
+    an experiment inherits its parents' per-optimizer settings only through a file of its own that
+    lists the parent's file in its defaults (Hydra picks the file by the two choices), so a missing
+    one would silently drop them: each such file exists and lists exactly its parents' files."""
+    import yaml
+
+    root = CONF_DIR / "per_optimizer"
+    files = {(p.parent.name, p.stem) for p in root.glob("*/*.yaml")}
+    assert files, "no per-optimizer files"
+    for experiment, optimizer in files:
+        assert experiment in EXPERIMENTS, f"per_optimizer/{experiment}: no such experiment"
+        assert optimizer in OPTIMIZERS, f"per_optimizer/{experiment}/{optimizer}.yaml: no such optimizer"
+    for experiment in EXPERIMENTS:
+        for parent in _experiment_parents(experiment):
+            for optimizer in OPTIMIZERS:
+                if (parent, optimizer) not in files:
+                    continue
+                path = root / experiment / f"{optimizer}.yaml"
+                assert path.exists(), (
+                    f"{path.relative_to(CONF_DIR)} missing: {experiment} would lose {parent}'s"
+                )
+                defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
+                assert f"/per_optimizer/{parent}/{optimizer}" in defaults, path
+
+
+def test_cfg_job_prints_what_runs(tmp_path):
+    """``src/train.py ... --cfg job`` prints the composed config with the per-optimizer settings
+    (Martens' HF-CG head and 500 iterations on the SHF paper profile), not a config that changes later."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from curvopt.runs import REPO_ROOT
+
+    cmd = [
+        sys.executable,
+        "src/train.py",
+        "experiment=shf_fig2_usps_paper",
+        "optimizer=hf_cg",
+        "--cfg",
+        "job",
+    ]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = yaml.safe_load(done.stdout)
+    assert printed["trainer"]["max_steps"] == 500 and printed["model"]["loss"] == "sigmoid_bce"
+    assert printed["optimizer"]["numchunks"] == 4 and "optimizer_variants" not in printed
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("trainer.max_stepz=5", "max_stepz"),
+        ("trainer.max_steps=ten", "max_steps"),
+        ("trainer.num_threads=1.5", "num_threads"),
+        ("paths.data_dirr=/tmp", "data_dirr"),
+        ("logger.projekt=x", "projekt"),
+    ],
+)
+def test_schema_rejects_unknown_keys_and_wrong_types_at_compose_time(override, needle):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    with pytest.raises((HydraException, OmegaConfBaseException), match=needle):
+        compose(["logger=wandb", override])
+
+
+def test_plus_added_unknown_key_is_refused_before_anything_runs(tmp_path):
+    """``+trainer.max_stepz=5`` (Hydra's own hint after a typo) passes composition, so the run
+    checks every trainer/paths/logger key against the schemas before it loads anything."""
+    from curvopt.errors import ConfigError
+    from curvopt.training.build import run_from_config
+
+    cfg = compose(["+trainer.max_stepz=5", "logger=none", f"paths.results_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"trainer\.max_stepz \(did you mean trainer\.max_steps\?\)"):
+        run_from_config(cfg)
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_config_key_exits_with_bad_input_code(tmp_path):
+    """A compose-time failure (unknown key, wrong type, unknown group option) is bad input: exit 2,
+    like a bad value caught before training, and nothing is written."""
+    import subprocess
+    import sys
+
+    from curvopt.runs import REPO_ROOT
+
+    for override in ("+trainer.max_stepz=5", "optimizer=adamz"):
+        cmd = [sys.executable, "src/train.py", override, f"paths.results_dir={tmp_path}", "logger=none"]
+        done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (override, done.returncode, done.stderr[-1500:])
+        assert ("max_stepz" if "max" in override else "adamz") in done.stdout + done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_legacy_optimizer_variants_block_is_refused(tmp_path):
+    from curvopt.errors import ConfigError
+    from curvopt.training.build import run_from_config
+
+    cfg = compose(
+        ["+optimizer_variants.adam.optimizer.lr=0.5", "logger=none", f"paths.results_dir={tmp_path}"]
+    )
+    with pytest.raises(ConfigError, match="conf/per_optimizer"):
+        run_from_config(cfg)
 
 
 def test_train_entrypoint_keeps_command_line_values(tmp_path):
@@ -132,7 +256,7 @@ def test_train_entrypoint_keeps_command_line_values(tmp_path):
         "src/train.py",
         "experiment=fosi_lm",
         "optimizer=fosi_adam",
-        "optimizer.alpha=0.5",  # the variant sets alpha: 0.01
+        "optimizer.alpha=0.5",  # conf/per_optimizer/fosi_lm/fosi_adam.yaml sets alpha: 0.01
         "trainer.max_steps=1",
         "trainer.eval_every=1",
         "logger=none",
@@ -145,4 +269,4 @@ def test_train_entrypoint_keeps_command_line_values(tmp_path):
         pytest.skip("Tiny Shakespeare is not in the data directory")
     assert done.returncode == 0, done.stderr[-2000:]
     saved = next(tmp_path.rglob("cli/config.yaml")).read_text()
-    assert "alpha: 0.5" in saved and "alpha: 0.01" in saved.split("optimizer_variants")[1]
+    assert "alpha: 0.5" in saved and "alpha: 0.01" not in saved and "optimizer_variants" not in saved

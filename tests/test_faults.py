@@ -54,7 +54,7 @@ PROBLEMS = {
         "dataset=synthetic_images",
         "model=tiny_autoencoder",
         "optimizer=shf_lsmr",
-        "+trainer.sampling=independent",
+        "trainer.sampling=independent",
         "optimizer.batch_size=64",
         "optimizer.maxiter=10",
         "optimizer.miniter=2",
@@ -372,7 +372,6 @@ def test_exit_codes_tell_the_endings_apart():
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ("trainer.max_steps=abc", r"trainer.max_steps='abc': expected a whole number"),
         ("trainer.max_steps=-5", r"trainer.max_steps=-5: must be >= 0"),
         ("trainer.batch_size=0", r"trainer.batch_size=0: must be positive"),
         ("trainer.eval_every=0", r"trainer.eval_every=0: must be positive"),
@@ -385,9 +384,8 @@ def test_exit_codes_tell_the_endings_apart():
         ("trainer.patience_evals=0", r"trainer.patience_evals=0"),
         ("trainer.dtype=float16", r"trainer.dtype='float16' is not supported; choose one of float32"),
         ("trainer.device=gpu", r"trainer.device='gpu'"),
-        ("+trainer.sampling=random", r"trainer.sampling='random'"),
+        ("trainer.sampling=random", r"trainer.sampling='random'"),
         ("trainer.eval_splits=[train,dev]", r"trainer.eval_splits has \['dev'\]"),
-        ("trainer.resume=maybe", r"trainer.resume='maybe': expected true or false"),
         ("trainer.micro_batch_size=0", r"trainer.micro_batch_size=0"),
         ("trainer.clock=gpu", r"trainer.clock must be 'wall' or 'process'"),
         ("optimizer.lr=nan", r"optimizer.lr=nan: not a number"),
@@ -404,6 +402,24 @@ def test_bad_values_fail_before_anything_is_created(tmp_path, override, match):
     assert not (tmp_path / "t").exists()  # no orphan run directory
 
 
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("trainer.max_steps=abc", r"trainer.max_steps=abc"),
+        ("trainer.resume=maybe", r"trainer.resume=maybe"),
+        ("trainer.num_threads=two", r"trainer.num_threads=two"),
+    ],
+)
+def test_wrong_types_fail_when_hydra_composes(tmp_path, override, match):
+    """The trainer schema (curvopt.training.schema) types every key: a wrong type fails at compose
+    time, before a run directory can exist (src/train.py exits 2, tests/test_configs.py)."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match=match):
+        _run(tmp_path, ["optimizer=adam", "run_id=bad", override])
+    assert not (tmp_path / "t").exists()
+
+
 def test_bad_optimizer_values_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"optimizer=fosi_heavy_ball: ese_period must be a positive"):
         _run(tmp_path, [*PROBLEMS["fosi"], "optimizer.ese_period=-5", "run_id=bad"])
@@ -413,6 +429,23 @@ def test_bad_optimizer_values_are_named(tmp_path):
 
 
 # -- 2: resume continues with the run's saved config ------------------------------------------------
+def test_resume_a_run_started_without_a_run_id(tmp_path):
+    """A run started without ``run_id=`` gets a generated id; its config.yaml records that id, and
+    ``run_id=<id> trainer.resume=true`` continues it (it used to be refused: saved run_id was null).
+    A config saved with ``run_id: null`` (before the fix) resumes too."""
+    first = ["optimizer=adam", "trainer.max_steps=6", "trainer.eval_every=3"]
+    run_dir = Path(_run(tmp_path, first, cli=first)["run_dir"])
+    assert f"run_id: {run_dir.name}" in (run_dir / "config.yaml").read_text()
+    for legacy in (False, True):
+        (run_dir / "summary.json").unlink()  # killed at the end
+        if legacy:
+            saved = run_dir / "config.yaml"
+            saved.write_text(saved.read_text().replace(f"run_id: {run_dir.name}", "run_id: null"))
+        again = ["optimizer=adam", f"run_id={run_dir.name}", "trainer.resume=true"]
+        resumed = _run(tmp_path, again, cli=again)
+        assert resumed["status"] == "completed" and resumed["steps"] == 6, legacy
+
+
 def test_resume_keeps_the_saved_config(tmp_path):
     """README's example: the run was started with max_steps=6; resuming without repeating it
     used to turn it into a run of the config's default length (and rewrite config.yaml)."""
@@ -526,7 +559,7 @@ def test_train_py_exit_code_for_bad_input(tmp_path):
         timeout=300,
     )
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
-    assert "trainer.max_steps='abc'" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    assert "trainer.max_steps=abc" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "t").exists() and time.perf_counter() - t0 < 300
 
 

@@ -565,8 +565,6 @@ def test_factory_clips_gradients_element_wise_before_fosi(tmp_path):
     """The AE task clips before every optimizer. ``clip_grad_value`` reaches FOSI through the loop's
     ``build_algorithm`` (which strips ``grad_clip_value`` from factory configs); before the first
     ESE a FOSI-HB step is then exactly θ − η·clip(g)."""
-    from curvopt.training.build import apply_optimizer_variant
-
     cfg = compose(
         [
             "dataset=synthetic_classification",
@@ -592,7 +590,7 @@ def test_factory_clips_gradients_element_wise_before_fosi(tmp_path):
     for p0, p1, r in zip(before, model.parameters(), ref.parameters()):
         torch.testing.assert_close(p1.detach(), p0 - lr * r.grad.clamp(-0.001, 0.001), rtol=0, atol=1e-7)
     # the AE experiment clips FOSI as it clips HB/Adam (0.5 on the repo's ½-scaled loss); the
-    # variants compose (a key missing from the optimizer's config would fail the struct merge)
+    # per-optimizer files compose (a key missing from the optimizer's config would fail the struct merge)
     for opt, key in (
         ("fosi_heavy_ball", "clip_grad_value"),
         ("fosi_adam", "clip_grad_value"),
@@ -600,5 +598,5 @@ def test_factory_clips_gradients_element_wise_before_fosi(tmp_path):
         ("adam", "grad_clip_value"),
     ):
         for experiment in ("fosi_ae", "fosi_ae_paper"):
-            ae = apply_optimizer_variant(compose([f"experiment={experiment}", f"optimizer={opt}"]))
+            ae = compose([f"experiment={experiment}", f"optimizer={opt}"])
             assert ae.optimizer[key] == 0.5

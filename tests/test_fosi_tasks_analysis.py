@@ -193,9 +193,10 @@ def test_driver_plans_the_papers_sweeps_and_skips_missing_data(tmp_path):
 
 
 def test_every_planned_run_config_composes():
-    """Each experiment's per-optimizer variants only set keys that the optimizer's config (or the
-    experiment's ``optimizer:`` block) declares: the loop merges them into a struct config, so an
-    undeclared key fails only at run time (as AE's HB/Adam clipping once did). Plain YAML, no Hydra."""
+    """Each experiment's per-optimizer files (conf/per_optimizer/<experiment>/<optimizer>.yaml) only
+    set keys that the optimizer's config (or the experiment's ``optimizer:`` block) declares: the
+    loop merges them into a struct config, so an undeclared key fails only at run time (as AE's
+    HB/Adam clipping once did). Plain YAML, no Hydra."""
     conf = Path(__file__).resolve().parents[1] / "conf"
 
     def chain(name: str) -> list[dict]:
@@ -206,15 +207,15 @@ def test_every_planned_run_config_composes():
     checked = 0
     for task in analysis.TASKS:
         for profile in ("", "_paper"):
-            files = chain(f"fosi_{task}{profile}")
-            declared_here = set().union(*(set(c.get("optimizer") or {}) for c in files))
+            name = f"fosi_{task}{profile}"
+            declared_here = set().union(*(set(c.get("optimizer") or {}) for c in chain(name)))
             for opt in (*analysis.MAIN_OPTIMIZERS, "kfac", "lbfgs"):
                 declared = (
                     set(yaml.safe_load((conf / "optimizer" / f"{opt}.yaml").read_text())) | declared_here
                 )
-                for c in files:
-                    variant = (c.get("optimizer_variants") or {}).get(opt) or {}
-                    extra = set(variant.get("optimizer") or {}) - declared
-                    assert not extra, f"fosi_{task}{profile} variant {opt} sets undeclared {sorted(extra)}"
-                    checked += 1
+                path = conf / "per_optimizer" / name / f"{opt}.yaml"
+                variant = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+                extra = set(variant.get("optimizer") or {}) - declared
+                assert not extra, f"{path.relative_to(conf)} sets undeclared {sorted(extra)}"
+                checked += 1
     assert checked >= 60

@@ -51,6 +51,9 @@ def test_every_entry_composes():
     """Each train.py entry's overrides (CPU and GPU ones) are valid for its experiment."""
     from hydra import compose, initialize_config_dir
 
+    from curvopt.training.schema import register_schemas
+
+    register_schemas()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for e in gpu_smoke.ENTRIES:
             if e.script:

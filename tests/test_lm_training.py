@@ -228,12 +228,8 @@ def test_lm_divergence_keeps_records(tmp_path, _has_c4):
     ],
 )
 def test_paper_configs_follow_the_spec_tables(size, steps, rank, adam_lr, alice_alpha):
-    from curvopt.training.build import apply_optimizer_variant
-
     def cfg(optimizer):
-        return apply_optimizer_variant(
-            compose([f"experiment=alice_c4_{size}_paper", f"optimizer={optimizer}"])
-        )
+        return compose([f"experiment=alice_c4_{size}_paper", f"optimizer={optimizer}"])
 
     alice, adam, racs = cfg("alice"), cfg("adam"), cfg("racs")
     assert alice.profile == "paper" and alice.experiment_name == f"alice_c4_{size}"

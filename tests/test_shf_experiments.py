@@ -10,7 +10,7 @@ import pytest
 from conftest import CONF_DIR, compose
 
 from curvopt.data.common import DataNotFoundError
-from curvopt.training.build import apply_optimizer_variant, run_from_config
+from curvopt.training.build import run_from_config
 from curvopt.training.records import read_metrics
 from experiments.shf import figures
 
@@ -31,8 +31,8 @@ SHRINK = {
 }
 METHOD_SHRINK = {
     "shf_lsmr": [
-        "optimizer_variants.shf_lsmr.optimizer.batch_size=60",
-        "optimizer_variants.shf_lsmr.optimizer.maxiter=8",
+        "optimizer.batch_size=60",
+        "optimizer.maxiter=8",
         "optimizer.miniter=2",
     ],
     "hf_cg": ["optimizer.cg_maxiter=5"],
@@ -43,27 +43,27 @@ def test_every_shf_experiment_has_quick_and_paper_profiles():
     names = {p.stem for p in (CONF_DIR / "experiment").glob("shf_fig2_*.yaml")}
     for d in DATASETS:
         assert {f"shf_fig2_{d}", f"shf_fig2_{d}_paper"} <= names
-        quick = apply_optimizer_variant(compose([f"experiment=shf_fig2_{d}"]))
-        paper = apply_optimizer_variant(compose([f"experiment=shf_fig2_{d}_paper", "optimizer=hf_cg"]))
+        quick = compose([f"experiment=shf_fig2_{d}"])
+        paper = compose([f"experiment=shf_fig2_{d}_paper", "optimizer=hf_cg"])
         assert quick.profile == "quick" and quick.trainer.max_algo_time_s > 0
         assert paper.profile == "paper" and paper.trainer.clock == "wall"
         assert paper.trainer.max_steps == 500  # Martens' 500 outer iterations
         assert paper.model.code_activation is None and paper.model.loss == "sigmoid_bce"
     # Table 1 of the paper: initial / maximum batch sizes and splits
-    mnist = apply_optimizer_variant(compose(["experiment=shf_fig2_mnist_paper"]))
+    mnist = compose(["experiment=shf_fig2_mnist_paper"])
     assert (mnist.optimizer.batch_size, mnist.optimizer.max_batch_size, mnist.optimizer.damping) == (
         300,
         6000,
         12,
     )
     assert (mnist.dataset.num_train, mnist.dataset.num_val) == (50000, 10000)
-    curves = apply_optimizer_variant(compose(["experiment=shf_fig2_curves_paper"]))
+    curves = compose(["experiment=shf_fig2_curves_paper"])
     assert (curves.optimizer.batch_size, curves.optimizer.max_batch_size, curves.optimizer.theta) == (
         250,
         2500,
         0.5,
     )
-    usps = apply_optimizer_variant(compose(["experiment=shf_fig2_usps_paper"]))
+    usps = compose(["experiment=shf_fig2_usps_paper"])
     assert (usps.optimizer.gamma, usps.optimizer.atol, usps.model.sparse_init_count) == (0.65, 1e-6, 10)
 
 

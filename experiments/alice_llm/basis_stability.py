@@ -76,9 +76,8 @@ def attach_recorder(
 
 
 def run_variant(profile: str, variant: str, overrides: list[str], results: Path, rows: list) -> None:
-    from hydra import compose, initialize_config_dir
-
     import curvopt.training.build as build
+    from curvopt.runs import compose_config
 
     original = build.build_algorithm
 
@@ -107,9 +106,8 @@ def run_variant(profile: str, variant: str, overrides: list[str], results: Path,
         "trainer.keep_checkpoint=false",
     ]
     if profile == "quick":
-        cfg_overrides.append("optimizer_variants.alice.optimizer.update_interval=20")
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=cfg_overrides)
+        cfg_overrides.append("optimizer.update_interval=20")
+    cfg = compose_config(cfg_overrides)
     build.build_algorithm = build_with_hooks
     try:
         build.run_from_config(cfg)

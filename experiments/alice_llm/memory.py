@@ -109,9 +109,8 @@ def measure_one(
     dtype_name: str = "auto",
 ) -> dict:
     """Build the run's model and optimizer from its config and time/measure a few steps."""
-    from hydra import compose, initialize_config_dir
-
     from curvopt.objective import Objective, mean_loss
+    from curvopt.runs import compose_config
     from curvopt.training.build import build_algorithm, build_model, resolve_device
 
     m = method_by_key(method_key)
@@ -124,8 +123,7 @@ def measure_one(
         "logger=none",
         "~optimizer.scheduler",
     ]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_config(overrides)
     device = resolve_device(device_name)
     if dtype_name == "auto":  # the paper's bf16 on GPUs; bf16 matmuls crawl on CPUs without bf16 units
         dtype_name = "bfloat16" if device.type == "cuda" else "float32"

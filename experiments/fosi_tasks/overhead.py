@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from curvopt.objective import Objective
-from curvopt.runs import REPO_ROOT, experiment_config
-from curvopt.training.build import apply_optimizer_variant, build_algorithm, build_data, build_model
+from curvopt.runs import REPO_ROOT, compose_config, experiment_config
+from curvopt.training.build import build_algorithm, build_data, build_model
 from experiments.fosi_tasks import analysis
 from experiments.fosi_tasks.run import data_problem
 
@@ -36,11 +36,7 @@ CONF_DIR = REPO_ROOT / "conf"
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return apply_optimizer_variant(hydra_compose(config_name="config", overrides=overrides))
+    return compose_config(overrides)
 
 
 def _clock(device: torch.device):

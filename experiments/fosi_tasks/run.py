@@ -82,8 +82,8 @@ def planned_runs(
                                 "kfac",
                                 suffix,
                                 [
-                                    f"++optimizer_variants.kfac.optimizer.lr={lr}",
-                                    f"++optimizer_variants.kfac.optimizer.momentum={mom}",
+                                    f"optimizer.lr={lr}",
+                                    f"optimizer.momentum={mom}",
                                 ],
                             )
                         )

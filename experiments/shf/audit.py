@@ -43,17 +43,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(dataset: str, seed: int, profile: str = "paper"):
-    from hydra import compose, initialize_config_dir
-
-    from curvopt.training.build import apply_optimizer_variant, build_data, build_model, seed_everything
+    from curvopt.runs import compose_config
+    from curvopt.training.build import build_data, build_model, seed_everything
 
     exp = f"shf_fig2_{dataset}" + ("_paper" if profile == "paper" else "")
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[f"experiment={exp}", "optimizer=shf_lsmr", f"seed={seed}", "logger=none"],
-        )
-    cfg = apply_optimizer_variant(cfg)
+    cfg = compose_config([f"experiment={exp}", "optimizer=shf_lsmr", f"seed={seed}", "logger=none"])
     seed_everything(seed, True)
     data = build_data(cfg, torch.float32, torch.device("cpu"))
     model, loss = build_model(cfg, torch.float32, torch.device("cpu"))

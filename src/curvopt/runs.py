@@ -18,11 +18,33 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from curvopt.errors import EXIT_COMPLETED, EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINAL_STATUSES = ("completed", "diverged")
+
+
+def compose_config(overrides: Sequence[str] = ()) -> Any:
+    """Compose ``conf/config.yaml`` as ``src/train.py`` would, without running anything.
+
+    Registers the structured-config schemas first (:mod:`curvopt.training.schema`), so scripts and
+    tests that compose the configs themselves check keys and types as the entrypoint does.
+
+    Args:
+        overrides: Hydra command-line overrides (``experiment=shf_fig2_usps``, ``optimizer.lr=0.1``).
+
+    Returns:
+        The composed ``DictConfig``, with the experiment's per-optimizer file applied.
+    """
+    from hydra import compose, initialize_config_dir
+
+    from curvopt.training.schema import register_schemas
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def run_id_for(optimizer: str, profile: str, seed: int, suffix: str | None = None) -> str:

@@ -1,0 +1,6 @@
+"""The training loop, its run records and the Hydra glue (``build``); importing the package
+registers the structured-config schemas of ``conf/`` (:mod:`curvopt.training.schema`)."""
+
+from curvopt.training.schema import register_schemas
+
+register_schemas()

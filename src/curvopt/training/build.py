@@ -12,14 +12,14 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from hydra.utils import get_method, instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import BadInputError, ConfigError, exit_code
 from curvopt.objective import Objective
@@ -206,45 +206,63 @@ def make_run_id(cfg: DictConfig, dist: DistInfo = SINGLE) -> str:
     return broadcast_object(f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}", dist)
 
 
-def apply_optimizer_variant(cfg: DictConfig, cli_overrides: Sequence[tuple[str, Any]] = ()) -> DictConfig:
-    """Merge ``optimizer_variants[<optimizer.name>]`` into the config.
+def check_no_legacy_variants(cfg: DictConfig) -> None:
+    """Refuse an ``optimizer_variants`` block in a freshly composed config.
 
-    Some papers define a method together with its model or protocol (Martens' HF uses a linear
-    code layer and a cross-entropy objective; SHF a logistic code layer and squared error), so an
-    experiment can hold per-optimizer deltas. Hydra has already applied the command line when this
-    merge runs, so the command line's value overrides (``cli_overrides``: ``(key, value)`` pairs,
-    :func:`cli_value_overrides` in ``src/train.py``) are applied again on top: an explicit
-    ``optimizer.k=7`` wins over the experiment's variant, as a user expects. Merging twice is a
-    no-op (``_variant_applied``).
+    Per-optimizer settings of an experiment used to live in an ``optimizer_variants`` block merged
+    after Hydra; they are now Hydra configs of their own, ``conf/per_optimizer/<experiment>/<optimizer>.yaml``,
+    composed by the defaults list, so the block would be silently ignored. Configs saved by runs made
+    before the change carry the block already merged (``_variant_applied: true``) and pass.
+
+    Args:
+        cfg: The composed (or saved) run config.
+
+    Raises:
+        ConfigError: The config holds an unmerged ``optimizer_variants`` block.
     """
-    if cfg.get("_variant_applied"):
-        return cfg
     variants = cfg.get("optimizer_variants")
-    name = cfg.optimizer.get("name")
-    if not variants or name not in variants:
-        return cfg
-    merged = OmegaConf.merge(cfg, variants[name])
-    assert isinstance(merged, DictConfig)
-    for key, value in cli_overrides:
-        OmegaConf.update(merged, key, value, merge=True, force_add=True)
-    with open_dict(merged):
-        merged._variant_applied = True
-    return merged
+    if variants and not cfg.get("_variant_applied"):
+        raise ConfigError(
+            "optimizer_variants is no longer read: put an experiment's settings for one optimizer in "
+            "conf/per_optimizer/<experiment>/<optimizer>.yaml (composed by Hydra after the experiment), "
+            "or set the keys directly on the command line (e.g. optimizer.lr=0.1 instead of "
+            "optimizer_variants.<name>.optimizer.lr=0.1)"
+        )
 
 
-def cli_value_overrides(task_overrides: Sequence[str], group_keys: Iterable[str]) -> list[tuple[str, Any]]:
-    """The ``key=value`` overrides of a Hydra command line (not config-group choices such as
-    ``optimizer=adam``, not deletions), parsed by Hydra's own override grammar."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse keys the ``trainer``, ``paths`` and ``logger`` schemas do not declare.
 
-    groups = set(group_keys)
-    out = []
-    for ov in OverridesParser.create().parse_overrides(list(task_overrides)):
-        key = ov.key_or_group
-        if ov.is_delete() or ov.is_sweep_override() or key in groups or key.startswith("hydra"):
+    Hydra's schemas reject an unknown key at compose time, except one added with ``+`` (Hydra's own
+    hint for a typo: ``+trainer.max_stepz=5`` would otherwise be accepted and ignored).
+
+    Args:
+        cfg: The composed run config.
+
+    Raises:
+        ConfigError: Naming each unknown key and the closest declared one.
+    """
+    import dataclasses
+    import difflib
+
+    from curvopt.training.schema import LoggerSchema, PathsSchema, TrainerSchema
+
+    problems = []
+    for group, schema in (("trainer", TrainerSchema), ("paths", PathsSchema), ("logger", LoggerSchema)):
+        node = cfg.get(group)
+        if node is None:
             continue
-        out.append((key, ov.value()))
-    return out
+        known = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean {group}.{close[0]}?)" if close else ""
+                problems.append(f"{group}.{key}{hint}")
+    if problems:
+        raise ConfigError(
+            "unknown config key(s): " + ", ".join(problems) + ". The keys each group takes are in "
+            "conf/<group>/*.yaml and curvopt.training.schema."
+        )
 
 
 def check_trainer(tcfg: DictConfig) -> LoopConfig:
@@ -276,7 +294,8 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
     ``cli`` (the Hydra command line) tells a resumed run which keys the command set explicitly;
     without it every key that differs from the saved config counts as set (see
     :func:`curvopt.training.rundir.resume_config`)."""
-    cfg = apply_optimizer_variant(cfg)
+    check_no_legacy_variants(cfg)
+    check_known_keys(cfg)
     seed = cfg.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"seed={seed!r}: expected a non-negative whole number")
@@ -297,6 +316,9 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
 def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dict[str, Any]:
     tcfg = cfg.trainer
     run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg, dist)
+    # the saved config.yaml names its run, generated id included, so `run_id=<id> trainer.resume=true`
+    # resumes it like a named run
+    cfg.run_id = run_dir.name
     resume, restart = bool(tcfg.get("resume", False)), bool(tcfg.get("restart", False))
     # the topmost directory this run creates (removed again if it stops before training)
     created = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
@@ -310,8 +332,11 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
             mode = "resume" if resume else "new"
         plan = None
         if mode == "resume" and (run_dir / "config.yaml").exists():
+            saved = OmegaConf.load(run_dir / "config.yaml")
+            if saved.get("run_id") is None:  # saved before run ids were recorded: the directory's name
+                saved.run_id = run_dir.name
             plan = resume_config(
-                OmegaConf.load(run_dir / "config.yaml"),
+                saved,
                 cfg,
                 cli,
                 _saved_choices(run_dir),

@@ -2,10 +2,10 @@
 
 At every refresh of ``U`` (t = K, 2K, …) we compare, for eigenvector index i ∈ {1, 2, 4, 8} (by
 descending eigenvalue), the column before and after: ``|cos(U_old[:, i], U_new[:, i])|`` (absolute
-value: eigenvectors have no sign). The paper's setup is underspecified (spec §8.6, §10 item 25);
-we follow the spec's suggestion: the Fig. 5a runs — no switching (``U`` = top-r eigenvectors of
-the reconstructed ``Q``), no compensation — with tracking (β3 = 0.999) and without (β3 = 0), on
-one middle-layer MLP matrix (``down_proj`` of layer L/2).
+value: eigenvectors have no sign). The paper's setup is underspecified (docs/decisions.md
+RACS-25); we use the Fig. 5a runs — no switching (``U`` = top-r eigenvectors of the reconstructed
+``Q``), no compensation — with tracking (β3 = 0.999) and without (β3 = 0), on one middle-layer MLP
+matrix (``down_proj`` of layer L/2).
 
 The runs go through the normal entry point (records under ``results/alice_c4_basis``); the
 cosines are captured by optimizer step hooks and written to

@@ -4,7 +4,7 @@ Figure 4 from the memory benchmark's records, next to the paper's numbers where 
     python -m experiments.alice_llm.figures table2 --profile quick
     python -m experiments.alice_llm.figures fig2 --profile paper --sizes 60m 130m 350m
 
-Definitions (spec racs_alice §7.5, §8.1, §10 item 4):
+Definitions (paper §F.5 and Table 2's caption; docs/decisions.md RACS-3, RACS-4, RACS-23):
 
 * eval ppl = exp(token-weighted mean validation CE) (``val/ppl``); GaLore's off-by-one value
   (``val/ppl_galore``) is shown beside it when logged — the paper's numbers come from GaLore's

@@ -1,8 +1,8 @@
 """Figure 4: measured peak memory of each method, with and without layer-wise updates.
 
-Protocol (spec racs_alice §7.4b): BF16 weights and states (on GPUs; fp32 on CPUs by default,
-``--dtype``), one sequence of 256 tokens per step,
-a few steps so every optimizer state exists. "-layerwise" runs each parameter's optimizer step in
+Protocol (paper §F.4 and Figure 4; docs/decisions.md RACS-22): BF16 weights and states (on GPUs;
+fp32 on CPUs by default, ``--dtype``), one sequence of 256 tokens per step, a few steps so every
+optimizer state exists. "-layerwise" runs each parameter's optimizer step in
 a post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``) and frees the
 gradient at once, so only one layer's gradient is alive (GaLore's ``*_per_layer`` optimizers):
 every parameter gets its own instance of the method's optimizer class with its group's

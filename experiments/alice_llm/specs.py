@@ -57,7 +57,8 @@ TABLE2_METHODS: list[Method] = [
     *_pair("alice", "Alice"),
 ]
 
-# Figure 5 / Table 5 (spec §5.7): Alice components on the candidate-trained last layer.
+# Figure 5 / Table 5 (paper §7.2, §F.7; docs/decisions.md RACS-24): Alice components on the
+# candidate-trained last layer.
 # The override keys are the Alice config's flags (curvopt.optim.alice).
 ABLATION_METHODS: list[Method] = [
     Method(

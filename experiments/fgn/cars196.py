@@ -9,11 +9,11 @@ Runs go through the shared loop (``src/train.py experiment=fgn_cars196[_paper] o
 seed=<s>``) with ids ``<optimizer>_<profile>_s<seed>`` (plus ``_<dataset>`` when the dataset is
 not the profile's default), so a second call only redraws.
 
-Analysis (spec fgn §4.2, §7.4): each run's test accuracy / cross-entropy against its algorithm
-time (head-optimisation time; evaluation is outside the loop's timer) is interpolated linearly
-onto a common grid; curves are the mean over seeds with ±1 std (population, ddof = 0) bands.
-Table 1 reads the mean curves at the **shared horizon** — by default the earliest end of any
-run, so nothing is extrapolated ([DECIDE]; ``--horizon min_mean_end`` is the alternative, and a
+Analysis (paper Section 5.2; docs/decisions.md FGN-4): each run's test accuracy / cross-entropy
+against its algorithm time (head-optimisation time; evaluation is outside the loop's timer) is
+interpolated linearly onto a common grid; curves are the mean over seeds with ±1 std (population,
+ddof = 0) bands. Table 1 reads the mean curves at the **shared horizon** — by default the earliest
+end of any run, so nothing is extrapolated (``--horizon min_mean_end`` is the alternative, and a
 number fixes it) — and the time at which each method's mean accuracy curve first reaches each
 threshold. Real Cars196 uses the paper's 42 / 43 / 44 %; on the synthetic stand-in absolute
 thresholds mean nothing, so they are set relative to the curves: 95 / 97.5 / 99 % of the best

@@ -66,8 +66,8 @@ def competitor_positions(
     num_classes: int, spacing: str = "linspace", low: float = -1.0, high: float = 1.0
 ) -> np.ndarray:
     """The ``t_j`` of panel (c): ``C−1`` uniformly spaced values, centred to mean zero (the paper
-    gives neither spacing nor range; ``linspace(−1, 1)`` is spec fgn §7.10's default, ascending, so
-    ``e_1`` is the ``t = low`` competitor). ``spacing='integers'``: ``j − mean(j)``."""
+    gives neither spacing nor range; docs/decisions.md FGN-10: ``linspace(−1, 1)`` by default,
+    ascending, so ``e_1`` is the ``t = low`` competitor). ``spacing='integers'``: ``j − mean(j)``."""
     if spacing == "linspace":
         t = np.linspace(low, high, num_classes - 1)
     elif spacing == "integers":

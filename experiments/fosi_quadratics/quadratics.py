@@ -1,4 +1,4 @@
-"""The FOSI paper's quadratic experiments (§4.3, A.4, B.2; spec fosi.md §4.7): problems and a
+"""The FOSI paper's quadratic experiments (§4.3, A.4, B.2; docs/fosi.md): problems and a
 batched float64 implementation of the update rules the authors used for Figures 3, 4, 7, 8, 9.
 
 The authors' quadratic scripts do not call their optimizer library. They use short update rules

@@ -13,7 +13,8 @@ By default (``--curves plotted``) the runs no figure draws as a curve (Q3 outsid
 functions, all of Q4: Figs 7 and 9 use f(θ₂₀₀)) keep only the rows t = 0 and t = last, so the
 records stay small enough to commit; ``--curves all`` writes every iteration of every run.
 
-Experiments (spec fosi.md §4.7; the settings are the paper's, there is no quick profile):
+Experiments (paper §4.3, A.4, B.2; docs/fosi.md, "Quadratic experiments"; the settings are the paper's,
+there is no quick profile):
 
 * ``q1_fig3``: n ∈ {100, 1500} × λ₁ ∈ {5, 10, 20, 50, 200} × 6 optimizers, 200 iterations.
 * ``q2_fig4``: GD vs FOSI-GD (k = 9, α = 1, η = 0.001 for both), 250 iterations.

@@ -1,4 +1,4 @@
-"""FOSI's runtime overhead per task against the paper's design target ρ = 1.1 (spec §2.9).
+"""FOSI's runtime overhead per task against the paper's design target ρ = 1.1 (paper §3.7, A.8).
 
 For each task (with its data available) and base optimizer (HB, Adam) it measures, on the task's
 model and batch size at the chosen profile:

@@ -6,7 +6,7 @@ from run records only (``results/shf_fig2_<dataset>/``).
     python -m experiments.shf.figures table2 --datasets mnist
 
 Seeds are averaged by linear interpolation of each run's curve onto a common time grid over
-``[0, min_seed T_final]`` (spec §4, Figure 2 recipe); every plotted series is saved as CSV next
+``[0, min_seed T_final]`` (docs/decisions.md SHF-24); every plotted series is saved as CSV next
 to the PNG. Titles say which profile produced the runs, and CURVES is labelled CURVES-like when
 the data came from our generator.
 """

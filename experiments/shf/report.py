@@ -288,7 +288,10 @@ def shf_fig3(dataset: str) -> Callable[[Context], ItemResult]:
             judge(profile, None, all(oks) if oks else None),
             rows=pd.DataFrame(rows),
             figures=figs,
-            notes=["Claim (spec §5.4): SHF mini-batches grow monotonically from n_1 and stay small."],
+            notes=[
+                "Claim (paper Section 4.3, Figure 3; docs/decisions.md SHF-25): SHF mini-batches grow "
+                "monotonically from n_1 and stay small."
+            ],
             provenance=provenance(sums),
         )
 

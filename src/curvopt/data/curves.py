@@ -22,8 +22,9 @@ Generator (version ``GENERATOR_VERSION``):
   (``segments + 1`` samples along it) gives intensity ``clip(w/2 + ½ − d, 0, 1)`` — full ink
   within half the stroke width ``w``, a one-pixel linear ramp outside.
 
-Splits (a [DECIDE] item, docs/decisions.md, SHF-11): train = the 20,000 ``bdata`` rows; the 10,000
-``bdatatest`` rows are split at random (``split_seed``) into 8,000 test and 2,000 validation.
+Splits (the paper gives only the sizes; docs/decisions.md, SHF-11): train = the 20,000 ``bdata``
+rows; the 10,000 ``bdatatest`` rows are split at random (``split_seed``) into 8,000 test and 2,000
+validation.
 The generator's 30,000 images play the roles of ``bdata`` (first 20,000) and ``bdatatest``.
 Generated sets are cached as ``.npz`` under ``<data_dir>/curves_like/``, or under
 ``<cache_dir>/curves_like/`` when the data directory is read-only (its mode bits say so — the

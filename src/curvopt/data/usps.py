@@ -6,8 +6,8 @@ digit 0). Each 256-vector is a **column-major** 16×16 image, so ``reshape(16, 1
 it upright; rows of the returned matrices are the upright images flattened row-major, pixels
 scaled to [0, 1] (``/255``), nothing else.
 
-Split (Table 1, "train - test - val" = 8000 - 2000 - 1000; the paper does not say how, a [DECIDE]
-item, docs/decisions.md, SHF-11): one seeded permutation of the 11,000 images, cut into 8,000
+Split (Table 1, "train - test - val" = 8000 - 2000 - 1000; the paper does not say how;
+docs/decisions.md, SHF-11): one seeded permutation of the 11,000 images, cut into 8,000
 train, then 1,000 validation, then 2,000 test.
 
 Fallback ``usps.h5`` (ESL / Hastie et al., 7,291 + 2,007 deslanted images in [-1, 1] stored as

@@ -7,7 +7,7 @@ bias; BN has haiku's decay 0.999 (torch momentum 0.001) and eps 1e-5. TensorFlow
 (extra pixel at the end for even inputs) is reproduced with explicit padding, so every feature map
 has the authors' size and alignment.
 
-Input layout (a [DECIDE] item; docs/decisions.md, FOSI-K): the authors fed an NCHW
+Input layout (the authors' code, not the paper; docs/decisions.md, FOSI-K): the authors fed an NCHW
 ``(B, 3, 96, 64)`` tensor (an RGB JPEG of a 96-frame × 64-band log-mel patch) to an NHWC network,
 which therefore saw 64 mel bands as channels, the 3 colour planes as height and the 96 frames as
 width. ``input_layout='faithful'`` (default) reproduces that with ``x.permute(0, 3, 1, 2)``;

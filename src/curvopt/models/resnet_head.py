@@ -13,12 +13,12 @@ through ``torch.hub`` when ``allow_download`` and online (:func:`curvopt.data.pr
 Missing weights stop the run before training (the dataset loader checks first) with what to
 download and where to put it.
 
-BatchNorm (spec §7 L). Default ``backbone_bn='train'`` is the authors' behaviour: in training the
-frozen backbone normalises with batch statistics and updates its running averages (torch momentum
-0.1 = flax 0.9); evaluation (``model.eval()``) uses the running averages. ``'eval'`` freezes the
-backbone in inference mode (ImageNet statistics) — cheaper to reason about, but a different problem.
-The input stays uint8 until the model (a quarter of the memory of float images); the resize happens
-in ``forward`` so 50k×3×128×128 floats never exist.
+BatchNorm (docs/decisions.md FOSI-L). Default ``backbone_bn='train'`` is the authors' behaviour:
+in training the frozen backbone normalises with batch statistics and updates its running averages
+(torch momentum 0.1 = flax 0.9); evaluation (``model.eval()``) uses the running averages.
+``'eval'`` freezes the backbone in inference mode (ImageNet statistics) — cheaper to reason about,
+but a different problem. The input stays uint8 until the model (a quarter of the memory of float
+images); the resize happens in ``forward`` so 50k×3×128×128 floats never exist.
 """
 
 from __future__ import annotations

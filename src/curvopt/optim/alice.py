@@ -16,7 +16,7 @@ Alice is a low-rank Eigen-Adam: Adam run in the rotated space of the leading eig
 The step is ``W ← W − λ α (U ω + α_c Δ_c)`` with ``ω = m/(√v + ε)`` (no bias correction).
 **Alice-0** is ``beta3 = 0``: no ``Q̃`` is stored and the refresh uses ``G Gᵀ`` alone.
 
-Choices the paper leaves open ([DECIDE]; docs/alice.md, "Flags and choices where the paper is
+Choices the paper leaves open (docs/alice.md, "Flags and choices where the paper is
 silent", and docs/decisions.md, RACS-9 to RACS-18), each a constructor flag:
 
 * ``init="evd"``: at t = 1 (``U_0 = 0``) the exact top-r eigenvectors of ``G₁G₁ᵀ``, then Switch;

@@ -1,5 +1,5 @@
 """FOSI: a meta-optimizer that adds a Newton step on the extreme Hessian eigenspace to any
-first-order optimizer (Sivan, Gabel & Schuster, ICLR 2024; spec: shared/specs/fosi.md).
+first-order optimizer (Sivan, Gabel & Schuster, ICLR 2024; docs/fosi.md, and docs/decisions.md, FOSI).
 
 Every ``ese_period`` steps, Lanczos on Hessian-vector products (the ESE) estimates the k largest
 and ℓ smallest eigenpairs (λ̂, V̂) of the loss Hessian on an ESE batch. Each step then splits the
@@ -43,7 +43,8 @@ Implementation choices that matter for speed (benchmarks/bench_fosi.py):
   and needs no copy of θ. The buffers are corrected to m (one pass) whenever V̂ changes, the path
   is left, or :meth:`state_dict` is called. The scale s is applied by scaling the group lr for the
   base step (identical for HB/GD, as in the paper). ``fast_path=False`` forces the generic path
-  (tests check both against the spec's formulas).
+  (tests check both against a step-by-step reference of the paper's Algorithm 2 with the
+  authors' Newton-part momentum).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ ESE_BATCH_MODES = ("fixed", "current")
 FAILURE_MODES = ("base", "keep", "raise")
 BASES = ("heavy_ball", "adam", "gd")
 # Named variants: option presets. "quadratic" is the update rule of the authors' quadratic
-# experiments (spec §4.7): EMA momentum on the Newton part with α = 1 and unclipped lr scaling.
+# experiments (paper §4.3, B.2; docs/decisions.md FOSI-E, FOSI-F): EMA momentum on the Newton
+# part with α = 1 and unclipped lr scaling.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "quadratic": {"newton_momentum": "ema", "alpha": 1.0, "lr_clip": math.inf},
@@ -105,7 +107,7 @@ class FOSI(Optimizer):
     ``model``, ``loss_fn(params, batch)`` must be a functional loss of the list of the base's
     parameters (in ``param_groups`` order).
 
-    Options (spec §2.6 / §7; defaults are the paper's DNN settings):
+    Options (docs/fosi.md, "Flags"; docs/decisions.md, FOSI; defaults are the paper's DNN settings):
 
     ``k``, ``l``: numbers of largest / smallest eigenpairs. ``alpha``: Newton-part learning rate.
     ``ese_period`` T (``None``: one ESE only), ``ese_warmup`` W (``None``: = T, the library default;
@@ -228,7 +230,8 @@ class FOSI(Optimizer):
         if any(float(g.get("weight_decay", 0.0) or 0.0) != 0.0 for g in base.param_groups):
             log.warning(
                 "FOSI: the base optimizer has weight_decay; put weight decay into the loss "
-                "instead, or the ESE sees a different function than the one optimised (spec §2.8)"
+                "instead, or the ESE sees a different function than the one optimised "
+                "(docs/decisions.md FOSI-S)"
             )
 
         self._generator = torch.Generator(device="cpu").manual_seed(self.seed) if self.fresh_start else None

@@ -1,6 +1,7 @@
-"""Cross-paper benchmark table (``make bench``): every optimizer's step time and optimizer-state
-memory relative to Adam on the tasks it applies to, read from the JSON the ``benchmarks/`` scripts
-write (nothing is re-measured here).
+"""Cross-paper benchmark table (``make bench``): optimizer cost relative to Adam.
+
+Every optimizer's step time and optimizer-state memory relative to Adam on the tasks it applies
+to, read from the JSON the ``benchmarks/`` scripts write (nothing is re-measured here).
 
     python -m curvopt.report.bench run --quick   # run the benchmark scripts (quick: minutes, 1 thread)
     python -m curvopt.report.bench table         # results/tables/bench_cross_paper.{md,csv}
@@ -56,6 +57,14 @@ def commands(quick: bool, py: str = sys.executable) -> list[list[str]]:
 
 
 def run(quick: bool) -> None:
+    """Run the benchmark scripts of :func:`commands` one after the other, from the repository root.
+
+    Each runs with ``OPENBLAS_NUM_THREADS=1`` and ``PYTHONPATH=<repo>/src``. A script that fails
+    is reported and skipped (its row of the table shows as not run); nothing is raised.
+
+    Args:
+        quick: Quick mode (see :func:`commands`).
+    """
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
     for cmd in commands(quick):
         print("+", " ".join(cmd[1:]), flush=True)
@@ -86,6 +95,17 @@ LLM_LABELS = {
 
 
 def llm_rows(data: dict) -> list[dict]:
+    """Table rows from ``bench_llm_optim.json`` (RACS/Alice and the low-rank baselines).
+
+    Args:
+        data: The parsed JSON: ``results`` (one entry per method with ``method``,
+            ``amortised_ms`` and ``state_bytes``) and the run's ``K``, ``threads``,
+            ``load_average_1m`` and ``quick``.
+
+    Returns:
+        One row per method (see :func:`table` for the columns); the reference is fused AdamW,
+        else foreach AdamW. Empty when neither was measured.
+    """
     res = {r["method"]: r for r in data.get("results", [])}
     ref = res.get("adamw_fused") or res.get("adamw_foreach")
     if ref is None:
@@ -117,6 +137,16 @@ FGN_OPTIMIZERS = {
 
 
 def fgn_rows(data: dict) -> list[dict]:
+    """Table rows from ``bench_fgn.json`` (FGN and SGN on the linear head).
+
+    Args:
+        data: The parsed JSON: ``ratios_to_adam`` and ``seconds`` per number of classes C and
+            method, plus ``b``, ``D``, ``clock``, ``threads`` and ``load_avg_1min``.
+
+    Returns:
+        One row per (C, method) for the methods of :data:`FGN_OPTIMIZERS` (Adam itself and the
+        GGN-product micro-benchmarks are left out); memory columns are NaN (not measured).
+    """
     rows = []
     for c, ratios in data.get("ratios_to_adam", {}).items():
         secs = data["seconds"][c]
@@ -140,6 +170,18 @@ def fgn_rows(data: dict) -> list[dict]:
 
 
 def fosi_rows(data: dict) -> list[dict]:
+    """Table rows from ``fosi.json`` (each base optimizer and FOSI around it).
+
+    Args:
+        data: The parsed JSON: ``results`` (one entry per model with ``model``, ``params``,
+            ``batch`` and ``steps``: per base, ``base_step_s``, ``fosi_step_s`` and
+            ``amortised_over_base``) and ``meta`` (``clock``).
+
+    Returns:
+        Two rows per base (the base and ``fosi_<base>``) for every model that has an Adam
+        measurement, the step time relative to Adam's; a FOSI row's notes give its cost with the
+        ESE amortised. Memory columns are NaN (not measured).
+    """
     rows = []
     meta = data.get("meta", {})
     for model in data.get("results", []):
@@ -174,6 +216,21 @@ SOURCES = {
 
 
 def table(bench_dir: Path = BENCH, out_dir: Path = REPO / "results" / "tables") -> pd.DataFrame:
+    """Build the cross-paper table and write ``bench_cross_paper.csv`` and ``bench_cross_paper.md``.
+
+    For each source of :data:`SOURCES` the full benchmark output in ``bench_dir`` is read, else
+    the quick-mode one in ``bench_dir/quick``; a source with neither is listed as not run, with
+    the command that produces it, under the Markdown table.
+
+    Args:
+        bench_dir: Where the benchmark JSON files are (``results/benchmarks``).
+        out_dir: Where the two tables are written (created if needed).
+
+    Returns:
+        One row per (paper, task, optimizer): columns ``paper``, ``task``, ``optimizer``,
+        ``step ms``, ``step / Adam``, ``state MiB``, ``state / Adam`` (NaN: not measured),
+        ``notes`` and ``source`` (the JSON file it came from).
+    """
     rows, missing = [], []
     for name, (reader, cmd) in SOURCES.items():
         # the paper's own full benchmark output first, else the quick-mode one
@@ -213,6 +270,12 @@ def table(bench_dir: Path = BENCH, out_dir: Path = REPO / "results" / "tables") 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: ``run [--quick]`` runs the benchmarks, ``table`` builds and prints the table.
+
+    Args:
+        argv: The arguments (``run|table``, ``--quick``, ``--bench-dir``, ``--out-dir``);
+            ``None``: ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

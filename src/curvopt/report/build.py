@@ -46,7 +46,20 @@ def build_report(
     items: list[Item] | None = None,
     papers: list[str] | None = None,
 ) -> list[tuple[Item, ItemResult]]:
-    """Evaluate every item and write both files; returns the evaluated items."""
+    """Evaluate the report's items and write the Markdown and HTML reports.
+
+    Args:
+        results: The results directory holding the run records.
+        tolerances: The tolerances YAML file.
+        out_md: The Markdown file; default ``<results>/REPORT.md``.
+        out_html: The HTML file; default ``<results>/REPORT.html``.
+        items: The items to evaluate; default every item of :data:`curvopt.report.papers.ITEMS`.
+        papers: Keep only these papers' items (keys of :data:`curvopt.report.papers.PAPERS`);
+            ``None``: all.
+
+    Returns:
+        ``(item, result)`` for every evaluated item, in report order.
+    """
     results = Path(results)
     ctx = Context(results=results, tolerances=load_tolerances(tolerances))
     chosen = [i for i in (items or ITEMS) if papers is None or i.paper in papers]
@@ -74,6 +87,15 @@ def build_report(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line of ``python -m curvopt.report`` (``make report``).
+
+    Builds the report and prints one status line per item (with the reason for ``not run`` and
+    ``error``).
+
+    Args:
+        argv: The arguments (``--results-dir``, ``--tolerances``, ``--papers``, ``--out``);
+            ``None``: ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -57,6 +57,18 @@ class NotRun(Exception):
 
 @dataclass
 class ItemResult:
+    """What an evaluator found for one report item.
+
+    Args:
+        status: One of :data:`STATUSES` (``reproduced``, ``qualitatively reproduced``, ...).
+        rows: The item's table (paper value, ours, which run produced it), or ``None``.
+        figures: PNG files to show under the item (embedded in the HTML report).
+        notes: Free-text lines (Markdown ``code`` and ``**bold**`` allowed) listed under the item.
+        gap: The measured gap to the paper, in one line (``""``: none to report).
+        provenance: Where "ours" comes from: profile, device, seeds and run count (see
+            :func:`provenance`).
+    """
+
     status: str
     rows: pd.DataFrame | None = None  # paper / ours / produced-by table
     figures: list[Path] = field(default_factory=list)
@@ -67,6 +79,21 @@ class ItemResult:
 
 @dataclass
 class Item:
+    """One figure or table of one paper, and how to evaluate it.
+
+    Args:
+        paper: The paper's key in :data:`curvopt.report.papers.PAPERS` (``shf``, ``fgn``, ``fosi``,
+            ``alice``).
+        key: The item's key in the tolerances file under its paper (e.g. ``table2``).
+        title: The heading, ``"<Figure|Table> N: what it shows"``; the part before the colon is
+            the short label of the summary table. An item whose title starts with ``Figure`` and
+            returns no figure gets a note saying so.
+        make: The command that produces the records (and the figure or table), e.g.
+            ``make reproduce-table2``; shown with "not run" entries and under every item.
+        evaluate: The evaluator: reads the records through the :class:`Context` and returns an
+            :class:`ItemResult`; raises :class:`NotRun` when its records are absent.
+    """
+
     paper: str
     key: str  # tolerance key, e.g. "table2"
     title: str  # "Table 2: errors at the best-validation iterate"
@@ -76,20 +103,51 @@ class Item:
 
 @dataclass
 class Context:
+    """What every evaluator reads from.
+
+    Args:
+        results: The results directory holding the run records (``results/`` for ``make report``).
+        tolerances: The parsed tolerances file, ``{paper: {item key: {setting: value}}}``.
+        repo: The repository root (where the paper numbers beside the drivers are read from).
+    """
+
     results: Path
     tolerances: dict[str, Any]
     repo: Path = REPO
 
     def tol(self, paper: str, key: str) -> dict[str, Any]:
+        """The tolerance settings of one item.
+
+        Args:
+            paper: The paper's key (``shf``, ``fgn``, ``fosi``, ``alice``).
+            key: The item's key under that paper.
+
+        Returns:
+            A copy of the item's settings; empty when the tolerances file has none.
+        """
         return dict(self.tolerances.get(paper, {}).get(key, {}))
 
 
 # -- helpers for evaluators --------------------------------------------------------------------------------
 def judge(profile: str, quantitative: bool | None, qualitative: bool | None) -> str:
-    """The status from the profile and the two checks (``None`` = no such check for this item).
+    """The status from the profile and the two checks (see the module docstring's rules).
 
-    At the paper profile an item with no check at all raises :class:`NotRun`: the records hold
-    nothing it can compare, so nothing is claimed."""
+    Args:
+        profile: The profile of the records judged (``paper``, ``quick``, ...); anything but
+            ``paper`` can at best be ``qualitatively reproduced``.
+        quantitative: Whether the numbers are within tolerance of the paper's; ``None``: this
+            item has no such check.
+        qualitative: Whether the paper's qualitative claim (ordering, shape) holds; ``None``: no
+            such check.
+
+    Returns:
+        One of :data:`REPRODUCED`, :data:`QUALITATIVE`, :data:`DIFFERENT` (paper profile) or
+        :data:`QUALITATIVE`, :data:`NOT_PAPER_SCALE` (other profiles).
+
+    Raises:
+        NotRun: At the paper profile with neither check: the records hold nothing the item can
+            compare, so nothing is claimed.
+    """
     if profile != "paper":
         return QUALITATIVE if qualitative else NOT_PAPER_SCALE
     if quantitative:
@@ -102,7 +160,16 @@ def judge(profile: str, quantitative: bool | None, qualitative: bool | None) -> 
 
 
 def pick_profile(profiles: Iterable[Any]) -> str | None:
-    """``paper`` when any paper-profile record exists, else ``quick``, else the first one seen."""
+    """The profile whose records an item judges.
+
+    Args:
+        profiles: The profiles of the available records (e.g. a summaries column); ``None`` and
+            NaN entries are skipped.
+
+    Returns:
+        ``paper`` when any paper-profile record exists, else ``quick``, else the alphabetically
+        first profile; ``None`` when there is none.
+    """
     found = [str(p) for p in profiles if p is not None and not (isinstance(p, float) and math.isnan(p))]
     if not found:
         return None
@@ -113,7 +180,16 @@ def pick_profile(profiles: Iterable[Any]) -> str | None:
 
 
 def finished_summaries(results: Path, experiment: str) -> pd.DataFrame:
-    """Summaries of finished runs (completed or diverged) of ``experiment``; empty if none."""
+    """Summaries of the finished runs (completed or diverged) of one experiment.
+
+    Args:
+        results: The results directory.
+        experiment: The experiment's directory name under ``results`` (e.g. ``shf_fig2_usps``).
+
+    Returns:
+        One row per finished run (as :func:`curvopt.analysis.records.load_summaries` gives them),
+        with a fresh index; an empty frame when there is none.
+    """
     sums = load_summaries(results, experiment)
     if sums.empty or "status" not in sums:
         return pd.DataFrame()
@@ -128,7 +204,17 @@ def _column(frame: pd.DataFrame, *names: str) -> pd.Series:
 
 
 def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
-    """``profile quick; device cpu; seeds 0,1,2 (6 runs)`` from a summaries frame."""
+    """Where "ours" comes from, in one line: ``profile quick; device cpu; seeds 0,1,2 (6 runs)``.
+
+    Args:
+        summaries: Run summaries (e.g. from :func:`finished_summaries`); the profile, device and
+            seed are read from ``cfg.profile``/``profile``, ``device_name``/``device`` (else
+            ``cfg.trainer.device``) and ``cfg.seed``/``seed``.
+        extra: Text appended after a ``;``.
+
+    Returns:
+        The line; ``"n/a"`` for no summaries, ``?`` for a field no summary has.
+    """
     if summaries is None or summaries.empty:
         return "n/a"
     profiles = sorted({str(p) for p in _column(summaries, "cfg.profile", "profile").dropna()})
@@ -144,6 +230,15 @@ def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
 
 
 def existing_figures(results: Path, patterns: Iterable[str]) -> list[Path]:
+    """The PNG files that exist under ``results`` for the given glob patterns.
+
+    Args:
+        results: The directory the patterns are relative to.
+        patterns: Glob patterns (e.g. ``figures/shf_fig2*.png``); non-PNG matches are dropped.
+
+    Returns:
+        The matches, sorted within each pattern, patterns in the order given.
+    """
     out: list[Path] = []
     for pattern in patterns:
         out += sorted(p for p in results.glob(pattern) if p.suffix == ".png")
@@ -166,12 +261,32 @@ def finite(x: Any) -> bool:
 
 
 def rel_gap(ours: float, paper: float) -> float:
+    """The relative gap of our value to the paper's.
+
+    Args:
+        ours: Our value.
+        paper: The paper's value.
+
+    Returns:
+        ``(ours − paper)/|paper|`` (positive: ours is larger); NaN when either value is not
+        finite or the paper's is 0.
+    """
     if not (math.isfinite(ours) and math.isfinite(paper)) or paper == 0:
         return math.nan
     return (ours - paper) / abs(paper)
 
 
 def fmt(value: Any, digits: int = 4) -> str:
+    """A value as the report's tables print it.
+
+    Args:
+        value: Any value.
+        digits: Significant digits of a float.
+
+    Returns:
+        ``–`` for ``None`` and NaN, ``never`` for +inf (a threshold never reached), ``-inf``, a
+        float in ``g`` format with ``digits`` significant digits, and ``str(value)`` otherwise.
+    """
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -185,10 +300,32 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 # -- evaluation --------------------------------------------------------------------------------------------
 def load_tolerances(path: Path) -> dict[str, Any]:
+    """Read the tolerances file (``experiments/report/tolerances.yaml``).
+
+    Args:
+        path: The YAML file.
+
+    Returns:
+        ``{paper: {item key: {setting: value}}}``; empty for an empty file.
+    """
     return yaml.safe_load(Path(path).read_text()) or {}
 
 
 def evaluate(item: Item, ctx: Context) -> ItemResult:
+    """Run one item's evaluator; the report never crashes on an item.
+
+    Args:
+        item: The item.
+        ctx: The results directory and tolerances.
+
+    Returns:
+        The evaluator's result, with a note added for a result short of paper scale (the command
+        at paper scale) and for a figure item that drew no figure. A :class:`NotRun` becomes a
+        ``not run`` result naming ``item.make``; any other exception an ``error`` result.
+
+    Raises:
+        ValueError: The evaluator returned a status that is not one of :data:`STATUSES`.
+    """
     try:
         result = item.evaluate(ctx)
     except NotRun as missing:
@@ -243,7 +380,17 @@ def _inline(text: str) -> str:
 
 
 def bench_section(results: Path) -> tuple[str, str, pd.DataFrame] | None:
-    """The cross-paper cost table written by ``make bench`` (results/tables/bench_cross_paper.csv)."""
+    """The report's section for the cross-paper cost table that ``make bench`` writes.
+
+    Args:
+        results: The results directory; the table is read from
+            ``<results>/tables/bench_cross_paper.csv``.
+
+    Returns:
+        ``(title, note, table)``: the table keeps the columns ``paper``, ``task``, ``optimizer``,
+        ``step / Adam``, ``state / Adam`` and ``notes`` where present, and is empty when the file
+        is missing or unreadable.
+    """
     path = results / "tables" / "bench_cross_paper.csv"
     note = (
         "Step time and optimizer-state memory relative to Adam on the same task, from the `benchmarks/` "
@@ -260,6 +407,15 @@ def bench_section(results: Path) -> tuple[str, str, pd.DataFrame] | None:
 
 
 def summary_rows(evaluated: list[tuple[Item, ItemResult]]) -> pd.DataFrame:
+    """The report's summary table, one row per item.
+
+    Args:
+        evaluated: ``(item, result)`` pairs in report order.
+
+    Returns:
+        Columns ``paper``, ``item`` (the title's short label), ``status`` (with its badge),
+        ``ours from`` (provenance) and ``gap``.
+    """
     return pd.DataFrame(
         [
             {
@@ -277,6 +433,19 @@ def summary_rows(evaluated: list[tuple[Item, ItemResult]]) -> pd.DataFrame:
 def write_markdown(
     evaluated: list[tuple[Item, ItemResult]], papers: dict[str, str], out: Path, header: str
 ) -> Path:
+    """Write the Markdown report.
+
+    Args:
+        evaluated: ``(item, result)`` pairs in report order.
+        papers: ``{paper key: section title}`` of the papers to show, in order; items of other
+            papers appear in the summary only.
+        out: The Markdown file (its folder is created); figures are linked relative to it, and
+            the bench table is read from ``<out folder>/tables/``.
+        header: Markdown placed first (title and explanation).
+
+    Returns:
+        ``out``.
+    """
     lines = [header, "", "## Summary", "", _md_table(summary_rows(evaluated)), ""]
     counts = pd.Series([r.status for _, r in evaluated]).value_counts()
     lines.append("Counts: " + ", ".join(f"{s}: {int(counts.get(s, 0))}" for s in STATUSES) + ".\n")
@@ -315,9 +484,11 @@ def write_markdown(
 
 
 def _png_for_html(path: Path, max_width: int = 1400) -> bytes:
-    """The PNG for embedding: at most ``max_width`` pixels wide and quantised to a 256-colour palette
-    (plots lose nothing visible; REPORT.html shrinks ~3x). The file unchanged when that is not
-    smaller or Pillow cannot read it."""
+    """The PNG for embedding: at most ``max_width`` pixels wide, quantised to a 256-colour palette.
+
+    Plots lose nothing visible; REPORT.html shrinks ~3x. The file is returned unchanged when that
+    is not smaller or Pillow cannot read it.
+    """
     raw = path.read_bytes()
     try:
         import io
@@ -345,7 +516,19 @@ th{background:#eee}img{max-width:100%;border:1px solid #ddd}code{background:#f4f
 def write_html(
     evaluated: list[tuple[Item, ItemResult]], papers: dict[str, str], out: Path, header: str
 ) -> Path:
-    """The same content as the Markdown, with every figure embedded as base64 (one portable file)."""
+    """Write the HTML report: the Markdown's content, every figure embedded (one portable file).
+
+    Args:
+        evaluated: ``(item, result)`` pairs in report order.
+        papers: ``{paper key: section title}`` of the papers to show, in order.
+        out: The HTML file (its folder is created); the bench table is read from
+            ``<out folder>/tables/``.
+        header: The Markdown header: its first line (``# title``) becomes the title, the other
+            non-empty lines paragraphs.
+
+    Returns:
+        ``out``.
+    """
     title, *rest = header.splitlines()
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",

@@ -1,5 +1,7 @@
-"""FOSI: a meta-optimizer that adds a Newton step on the extreme Hessian eigenspace to any
-first-order optimizer (Sivan, Gabel & Schuster, ICLR 2024; docs/fosi.md, and docs/decisions.md, FOSI).
+"""FOSI: any first-order optimizer plus a Newton step on the extreme Hessian eigenspace.
+
+Sivan, Gabel & Schuster, ICLR 2024; usage and flags in docs/fosi.md, the choices the paper leaves
+open in docs/decisions.md, FOSI.
 
 Every ``ese_period`` steps, Lanczos on Hessian-vector products (the ESE) estimates the k largest
 and ℓ smallest eigenpairs (λ̂, V̂) of the loss Hessian on an ESE batch. Each step then splits the
@@ -107,19 +109,71 @@ class FOSI(Optimizer):
     ``model``, ``loss_fn(params, batch)`` must be a functional loss of the list of the base's
     parameters (in ``param_groups`` order).
 
-    Options (docs/fosi.md, "Flags"; docs/decisions.md, FOSI; defaults are the paper's DNN settings):
+    The options are the flags of docs/fosi.md ("Flags"); their defaults are the paper's DNN
+    settings, and docs/decisions.md (FOSI) gives the reasons where the paper is silent.
 
-    ``k``, ``l``: numbers of largest / smallest eigenpairs. ``alpha``: Newton-part learning rate.
-    ``ese_period`` T (``None``: one ESE only), ``ese_warmup`` W (``None``: = T, the library default;
-    0 when T is ``None``). ``ese_schedule``: ``paper`` (ESE at t = W, W+T, …) or ``released`` (the
-    authors' DNN scripts: t = W+T−1, W+2T−1, …). ``lr_clip`` c (``None``: 1 for Adam/AdamW, else 3;
-    forced to 1 for Adam). ``eps``: floor on |λ̂| in u. ``newton_momentum``: momentum form of the
-    Newton part (``auto`` picks it from the base), ``newton_beta`` its β (default: the base's).
-    ``num_iters``: Lanczos iterations (default max(4(k+ℓ), ⌈2 ln n⌉)). ``seed``: Lanczos start
-    vector, the same at every ESE unless ``fresh_start``. ``ese_batch_mode``: ``fixed`` (the
-    ``ese_batch``) or ``current`` (the batch passed to :meth:`step`). ``on_ese_failure``: ``base``
-    (drop V̂ and run the base optimizer until the next ESE), ``keep`` (keep the previous V̂) or
-    ``raise``. ``debug``: symmetry check of the Hessian operator at every ESE.
+    Args:
+        base: The base optimizer. FOSI shares its ``param_groups`` and ``state``; all its
+            parameters must be contiguous, of one floating dtype and on one device.
+        loss_fn: ``loss_fn(outputs, targets)`` with ``model``, else ``loss_fn(params, batch)``
+            (see above); a scalar tensor.
+        ese_batch: The batch the ESE differentiates on (``(x, y)`` with ``model``); required
+            with ``ese_batch_mode='fixed'``.
+        model: The module whose outputs ``loss_fn`` scores. With BatchNorm or dropout the ESE
+            differentiates a copy whose BatchNorm uses batch statistics (no running statistics)
+            and whose dropout is off; the live model is untouched (docs/decisions.md FOSI-N).
+        k: Number of largest eigenpairs.
+        l: Number of smallest eigenpairs (the paper's ℓ); ``k + l`` must be at least 1 and less
+            than the number of parameters n.
+        alpha: α, the learning rate of the Newton part (finite, ≥ 0).
+        ese_period: T, the number of steps between ESEs; ``None``: a single ESE.
+        ese_warmup: W, the step of the first ESE; ``None``: T (0 when T is ``None``).
+        ese_schedule: ``paper`` (ESE before steps t = W, W+T, …) or ``released`` (the authors'
+            DNN scripts: t = W+T−1, W+2T−1, …; needs a finite T).
+        ese_batch_mode: ``fixed`` (always ``ese_batch``) or ``current`` (the ``batch`` passed to
+            :meth:`step`).
+        lr_clip: c, the cap of the base-step scale ``s = clip(|λ̂₁|/|λ̂_k|, 1, c)``, ≥ 1;
+            ``None``: 1 for Adam/AdamW, else 3. Forced to 1 (with a warning) for Adam/AdamW.
+        eps: ε, the floor on |λ̂| in ``u = 1/max(|λ̂|, ε)`` (finite, > 0).
+        newton_momentum: Momentum form of the Newton part's velocity v̄: ``none`` (g₁),
+            ``heavy_ball`` (g₁ + βv̄), ``ema`` ((1−β)g₁ + βv̄), ``nesterov`` ((1+β)g₁ + β²v̄), or
+            ``auto``: the base's form (SGD: none, heavy ball or Nesterov from its settings;
+            Adam/AdamW: ema; other bases: none).
+        newton_beta: β of the Newton momentum, in [0, 1]; ``None``: the base's (Adam's β₁,
+            SGD's momentum; 0.9 if the base has neither).
+        num_iters: Lanczos iterations m; ``None``: ``max(4(k+ℓ), ⌈2 ln n⌉)`` capped at n.
+        seed: Seed of the Lanczos start vector.
+        fresh_start: ``False``: the same seeded start vector at every ESE (as the authors' JAX
+            code); ``True``: a new vector from a generator seeded once with ``seed``.
+        reorth: Lanczos re-orthogonalisation, ``partial``, ``dgks`` or ``twice`` (see
+            :mod:`curvopt.curvature.lanczos`).
+        hvp_mode: ``forward_over_reverse`` (``jvp(grad)``, the authors' mode) or
+            ``reverse_over_reverse`` (double backward).
+        hvp_reuse: Do the primal work once per ESE instead of once per Hessian-vector product.
+        on_ese_failure: What a failed ESE (Lanczos error, non-finite eigenpairs) does: ``base``
+            drops V̂ so FOSI runs the base optimizer until the next ESE, ``keep`` keeps the
+            previous V̂, ``raise`` re-raises.
+        debug: Check the symmetry of the Hessian operator at every ESE (2 extra products).
+        fast_path: Allow the SGD fast path (module docstring); ``False`` forces the generic path.
+
+    Attributes:
+        base: The wrapped optimizer.
+        t: Number of steps taken.
+        ese_count: Number of successful ESEs.
+        V: The eigenbasis V̂, a ``(k+ℓ, n)`` tensor whose rows are eigenvectors, or ``None``
+            before the first ESE (and after a dropped one).
+        eigenvalues: λ̂ in float64 on the CPU, ``[ℓ smallest ascending, k largest ascending]``,
+            or ``None``.
+        lambda_min: Lanczos' estimate of the smallest eigenvalue, or ``None``.
+        scale: The current base-step scale s (1 while there is no V̂).
+        last_info: The scalars describing the last step (see :meth:`step`).
+        last_ese_error: Why the last ESE failed, or ``None``.
+
+    Raises:
+        TypeError: ``base`` is not a ``torch.optim.Optimizer``, or is a FOSI.
+        ValueError: An option outside its allowed values or range, a base learning rate that is
+            negative or not finite, no parameters, parameters of several dtypes or devices, or
+            ``k + l`` not smaller than the number of parameters.
     """
 
     def __init__(
@@ -309,6 +363,18 @@ class FOSI(Optimizer):
         self._buffers_offset = False  # the base's buffers hold m′ = m + V̂ᵀ(w − y)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the base optimizer (``torch.optim.Optimizer`` semantics).
+
+        The eigenbasis no longer covers every parameter, so it is dropped (with a warning) and
+        FOSI runs the base optimizer until the next ESE.
+
+        Args:
+            param_group: The group, as for ``torch.optim.Optimizer.add_param_group``.
+
+        Raises:
+            ValueError: The parameters no longer share one dtype and device, or ``k + ℓ`` is no
+                longer smaller than their number.
+        """
         if getattr(self, "_initialising", True):
             super().add_param_group(param_group)
             return
@@ -320,7 +386,14 @@ class FOSI(Optimizer):
 
     # -- schedule ----------------------------------------------------------------------------------
     def ese_due(self, t: int | None = None) -> bool:
-        """Whether an ESE runs before the update of step ``t`` (default: the next step)."""
+        """Whether an ESE runs before the update of step ``t``.
+
+        Args:
+            t: The 0-based step index; ``None``: the next step (:attr:`t`).
+
+        Returns:
+            ``True`` on the schedule's ESE steps (see ``ese_schedule``).
+        """
         t = self.t if t is None else t
         T, W = self.ese_period, self.ese_warmup
         if self.ese_schedule == "released":
@@ -345,7 +418,18 @@ class FOSI(Optimizer):
     def run_ese(self, batch: Any = None) -> LanczosResult | None:
         """Estimate the extreme eigenpairs at the current parameters and install them.
 
-        Returns the Lanczos result, or ``None`` when the ESE failed (see ``on_ese_failure``)."""
+        Args:
+            batch: The batch to differentiate on with ``ese_batch_mode='current'``; ignored in
+                ``fixed`` mode (``ese_batch`` is used).
+
+        Returns:
+            The Lanczos result, or ``None`` when the ESE failed and ``on_ese_failure`` is
+            ``base`` or ``keep`` (the reason is in :attr:`last_ese_error`).
+
+        Raises:
+            ValueError: ``ese_batch_mode='current'`` and no ``batch``.
+            LanczosError: The ESE failed and ``on_ese_failure='raise'``.
+        """
         ese_batch = self.ese_batch if self.ese_batch_mode == "fixed" else batch
         if ese_batch is None:
             raise ValueError("ese_batch_mode='current' needs the batch: call step(batch=...)")
@@ -384,9 +468,18 @@ class FOSI(Optimizer):
         return result
 
     def set_basis(self, eigenvectors: Tensor, eigenvalues: Tensor) -> None:
-        """Install a given eigenbasis (rows of ``eigenvectors``, ordered like ``eigenvalues`` =
-        [ℓ smallest asc, k largest asc]) instead of running Lanczos: tests, and quadratics where
-        the eigenpairs are known."""
+        """Install a given eigenbasis instead of running Lanczos.
+
+        For tests, and quadratics where the eigenpairs are known. The Newton velocity carries
+        over as at an ESE.
+
+        Args:
+            eigenvectors: ``(k+ℓ, n)``; row i is the eigenvector of ``eigenvalues[i]`` (copied).
+            eigenvalues: ``(k+ℓ,)``, ordered ``[ℓ smallest ascending, k largest ascending]``.
+
+        Raises:
+            ValueError: The shapes are not ``(k+ℓ, n)`` and ``(k+ℓ,)``.
+        """
         r = self.k + self.l
         if eigenvectors.shape != (r, self.n) or eigenvalues.shape != (r,):
             raise ValueError(f"expected eigenvectors ({r}, {self.n}) and eigenvalues ({r},)")
@@ -468,11 +561,29 @@ class FOSI(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None, *, batch: Any = None) -> Tensor | None:  # type: ignore[override]
-        """One FOSI step on the gradients in ``p.grad`` (from ``closure`` if given).
+        """One FOSI step on the gradients in ``p.grad``; an ESE first when one is due.
 
-        After the step ``p.grad`` holds g₂ (generic path) or g (SGD fast path). ``batch`` is the
-        current mini-batch, needed only with ``ese_batch_mode='current'``. Scalars describing the
-        step are left in :attr:`last_info`."""
+        Before the first ESE (or after a dropped one) this is ``base.step()`` and nothing else.
+        After a FOSI update ``p.grad`` holds g₂ (generic path) or g (SGD fast path), and a
+        parameter without a gradient has been given a zero one.
+
+        Args:
+            closure: Recomputes the loss and the gradients (run with gradients enabled), as for
+                any ``torch.optim`` optimizer; ``None``: the gradients are already in ``p.grad``.
+            batch: The current mini-batch, needed only with ``ese_batch_mode='current'``.
+
+        Returns:
+            The closure's loss, or ``None`` without a closure. The scalars describing the step
+            are left in :attr:`last_info`: ``lr``, ``lr_scale`` (s), ``ese_ran``, ``ese_failed``,
+            ``ese_time_s``, ``ese_count``, ``fosi_active``, ``lanczos_iters`` (when an ESE ran),
+            ``lambda_max``, ``lambda_k``, ``lambda_min`` (once there are eigenvalues) and
+            ``loss`` (with a closure).
+
+        Raises:
+            ValueError: A parameter or gradient is not contiguous, or ``batch`` is missing in
+                ``current`` mode when an ESE is due.
+            LanczosError: An ESE failed and ``on_ese_failure='raise'``.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -552,8 +663,11 @@ class FOSI(Optimizer):
             _flat(p.detach()).addmv_(b.T, coef)
 
     def _fast_sgd_step(self, kind: str, c: Tensor, coef: Tensor, s: float) -> None:
-        """torch.optim.SGD fed the full g; ``coef`` gets the V̂-coefficients that turn its step into
-        s·(d_b − V̂V̂ᵀd_b) for the step on g₂ (see the module docstring)."""
+        """``torch.optim.SGD`` fed the full g, corrected inside span(V̂) (see the module docstring).
+
+        ``coef`` gets the V̂-coefficients that turn the base's step into s·(d_b − V̂V̂ᵀd_b) for
+        the step on g₂.
+        """
         group = self.param_groups[0]
         lr = float(group["lr"])
         first_step = self.state.get(self._params[0], {}).get("momentum_buffer") is None
@@ -585,10 +699,18 @@ class FOSI(Optimizer):
 
     # -- (de)serialisation -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """The base's state (holding the *true* momentum buffers m) and FOSI's. Taking it changes
-        nothing: on the SGD fast path the base's live buffers m′ = m + V̂ᵀ(w − y) stay as they
-        are; the saved base state gets corrected copies (what the generic path would hold), and
-        the live m′ and w are saved beside them so that a load continues bit for bit."""
+        """The base's state (holding the *true* momentum buffers m) and FOSI's.
+
+        Taking it changes nothing: on the SGD fast path the base's live buffers
+        m′ = m + V̂ᵀ(w − y) stay as they are; the saved base state gets corrected copies (what the
+        generic path would hold), and the live m′ and w are saved beside them so that a load
+        continues bit for bit.
+
+        Returns:
+            ``{"base": base.state_dict(), "fosi": {...}}``; FOSI's part holds the step counter,
+            ESE count, V̂, λ̂, the Newton velocity, the fast path's projections and the start
+            vector generator's state.
+        """
         base = self.base.state_dict()
         fed: dict[int, Tensor] = {}
         if self._buffers_offset and self.V is not None:
@@ -624,6 +746,17 @@ class FOSI(Optimizer):
         return {"base": base, "fosi": fosi}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """Restore the base's and FOSI's state from :meth:`state_dict`'s output.
+
+        Tensors are moved to the parameters' device and dtype; the run continues bit for bit.
+
+        Args:
+            state_dict: A dict as returned by :meth:`state_dict` (of a FOSI over the same
+                parameters and options).
+
+        Raises:
+            ValueError: ``state_dict`` lacks the ``base`` or ``fosi`` part.
+        """
         if "base" not in state_dict or "fosi" not in state_dict:
             raise ValueError("not a FOSI state dict (needs 'base' and 'fosi')")
         self.base.load_state_dict(state_dict["base"])
@@ -669,7 +802,19 @@ def fosi_heavy_ball(
     momentum: float = 0.9,
     **kwargs: Any,
 ) -> FOSI:
-    """FOSI-HB: heavy ball (``torch.optim.SGD(momentum=β)``) as the base, HB-form Newton momentum."""
+    """FOSI-HB: heavy ball (``torch.optim.SGD(momentum=β)``) as the base, HB-form Newton momentum.
+
+    Args:
+        params: The parameters (or parameter groups) to optimize.
+        lr: The heavy-ball learning rate η.
+        loss_fn: The loss (see :class:`FOSI`).
+        ese_batch: The ESE batch (see :class:`FOSI`).
+        momentum: Heavy-ball momentum β.
+        **kwargs: Further :class:`FOSI` options (``model``, ``k``, ``alpha``, ...).
+
+    Returns:
+        The FOSI optimizer.
+    """
     return FOSI(torch.optim.SGD(params, lr=lr, momentum=momentum), loss_fn, ese_batch, **kwargs)
 
 
@@ -682,14 +827,38 @@ def fosi_adam(
     eps: float = 1e-8,
     **kwargs: Any,
 ) -> FOSI:
-    """FOSI-Adam: ``torch.optim.Adam`` as the base, EMA Newton momentum, c = 1."""
+    """FOSI-Adam: ``torch.optim.Adam`` as the base, EMA Newton momentum, c = 1.
+
+    Args:
+        params: The parameters (or parameter groups) to optimize.
+        loss_fn: The loss (see :class:`FOSI`).
+        ese_batch: The ESE batch (see :class:`FOSI`).
+        lr: Adam's learning rate.
+        betas: Adam's (β₁, β₂); β₁ is also the Newton momentum's β.
+        eps: Adam's ε (not FOSI's ``eps``, which goes in ``kwargs``).
+        **kwargs: Further :class:`FOSI` options (``model``, ``k``, ``alpha``, ...).
+
+    Returns:
+        The FOSI optimizer.
+    """
     return FOSI(torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps), loss_fn, ese_batch, **kwargs)
 
 
 def fosi_gd(
     params: Iterable[Any], lr: float, loss_fn: Callable[..., Tensor], ese_batch: Any = None, **kwargs: Any
 ) -> FOSI:
-    """FOSI-GD: plain gradient descent (``torch.optim.SGD``) as the base, no Newton momentum."""
+    """FOSI-GD: plain gradient descent (``torch.optim.SGD``) as the base, no Newton momentum.
+
+    Args:
+        params: The parameters (or parameter groups) to optimize.
+        lr: The gradient-descent learning rate η.
+        loss_fn: The loss (see :class:`FOSI`).
+        ese_batch: The ESE batch (see :class:`FOSI`).
+        **kwargs: Further :class:`FOSI` options (``model``, ``k``, ``alpha``, ...).
+
+    Returns:
+        The FOSI optimizer.
+    """
     return FOSI(torch.optim.SGD(params, lr=lr), loss_fn, ese_batch, **kwargs)
 
 
@@ -703,9 +872,29 @@ def make_base_optimizer(
     weight_decay: float = 0.0,
     fused: bool | None = True,
 ) -> Optimizer:
-    """The base optimizers of the paper by name: ``heavy_ball``, ``adam``, ``gd``. Adam is the fused
-    kernel by default, as the repo's ``optimizer=adam`` baseline (``fused=None`` lets torch choose), so
-    FOSI-Adam and Adam are timed with the same implementation."""
+    """One of the paper's base optimizers, by name.
+
+    Adam is the fused kernel by default, as the repo's ``optimizer=adam`` baseline, so FOSI-Adam
+    and Adam are timed with the same implementation.
+
+    Args:
+        name: ``heavy_ball`` (``torch.optim.SGD`` with momentum), ``adam`` (``torch.optim.Adam``)
+            or ``gd`` (``torch.optim.SGD`` without momentum); see :data:`BASES`.
+        params: The parameters (or parameter groups) to optimize.
+        lr: The learning rate.
+        momentum: Heavy-ball momentum (``heavy_ball`` only).
+        betas: Adam's (β₁, β₂) (``adam`` only).
+        adam_eps: Adam's ε (``adam`` only).
+        weight_decay: The optimizer's (coupled) weight decay; FOSI warns, since the ESE does not
+            see it (docs/decisions.md FOSI-S).
+        fused: Adam's ``fused`` flag; ``None`` lets torch choose.
+
+    Returns:
+        The optimizer.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`BASES`.
+    """
     if name == "heavy_ball":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
@@ -725,6 +914,17 @@ _LOOP_NAMES = ("FOSIAlgorithm", "build_fosi", "draw_ese_batch")
 
 
 def __getattr__(name: str) -> Any:
+    """Resolve the loop adapter's names (:data:`_LOOP_NAMES`) from :mod:`curvopt.optim.fosi_loop`.
+
+    Args:
+        name: The attribute looked up on this module.
+
+    Returns:
+        The object of that name in :mod:`curvopt.optim.fosi_loop`.
+
+    Raises:
+        AttributeError: ``name`` is not one of the loop adapter's names.
+    """
     if name in _LOOP_NAMES:
         from curvopt.optim import fosi_loop
 

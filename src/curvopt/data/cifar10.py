@@ -88,7 +88,17 @@ def _read_python_batches(folder: Path, split: str) -> tuple[np.ndarray, np.ndarr
 
 
 def decode_mosaic(path: Path) -> np.ndarray:
-    """One packed batch: a 100×100 grid of 32×32 tiles, row-major → uint8 [10000, 32, 32, 3] (HWC)."""
+    """Decode one packed batch: a 100×100 grid of 32×32 tiles, in row-major order.
+
+    Args:
+        path: The batch's lossless ``.webp`` mosaic (3200×3200 RGB).
+
+    Returns:
+        uint8 ``[10000, 32, 32, 3]`` (HWC RGB), images in the official batch order.
+
+    Raises:
+        CorruptDataError: The mosaic is not 3200×3200×3.
+    """
     from PIL import Image
 
     with Image.open(path) as img:
@@ -128,9 +138,30 @@ def read_cifar10(
     allow_download: bool = True,
     verify: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, str]:
-    """(images uint8 [N, 32, 32, 3] HWC RGB, labels uint8 [N], source) in the official order.
+    """One official CIFAR-10 split as arrays, in the official order.
 
-    ``verify`` checks the md5 of the arrays against the official ones (≈0.3 s).
+    Sources are tried in the module docstring's order, after the cache.
+
+    Args:
+        data_dir: The data directory searched for the python batches or the packed form.
+        split: ``train`` (the 50,000 images of ``data_batch_1..5``) or ``test`` (10,000).
+        cache_dir: Folder of the ``.npy`` cache (``~`` expanded): read first when it holds this
+            split, written after a load from any other source; ``None``: no cache.
+        allow_download: Fall back to HF ``datasets`` when there is no local copy and the hub is
+            reachable.
+        verify: Check the arrays' md5 against the official ones (≈0.3 s).
+
+    Returns:
+        ``(images, labels, source)``: uint8 ``[N, 32, 32, 3]`` HWC RGB, uint8 ``[N]`` class
+        indices, and where they came from (``cache:<dir>``, the folder read, or
+        ``huggingface:uoft-cs/cifar10``).
+
+    Raises:
+        ValueError: ``split`` is neither ``train`` nor ``test``.
+        DataNotFoundError: No local copy, and the download is not allowed, the hub is not
+            reachable, or the download failed; the message says what to get and where to put it.
+        CorruptDataError: The arrays have the wrong shapes, a packed batch is broken, or (with
+            ``verify``) the md5 differs from the official arrays.
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -177,7 +208,22 @@ def read_cifar10(
 
 
 def lippe_split(num_total: int = 50000, sizes: tuple[int, int] = (45000, 5000), seed: int = 42):
-    """Indices of ``random_split(range(num_total), sizes, generator=Generator().manual_seed(seed))``."""
+    """The indices ``torch.utils.data.random_split`` gives, without building a dataset.
+
+    Same as ``random_split(range(num_total), sizes, generator=Generator().manual_seed(seed))``
+    for two parts: the AE task's 45k/5k split of Lippe's tutorial (seed 42).
+
+    Args:
+        num_total: Number of examples split.
+        sizes: Sizes of the two parts.
+        seed: Seed of the permutation.
+
+    Returns:
+        ``(first, second)``: int64 index tensors of the two parts.
+
+    Raises:
+        ValueError: The sizes do not add up to ``num_total``.
+    """
     if sum(sizes) != num_total:
         raise ValueError(f"split sizes {sizes} must add up to {num_total}")
     perm = torch.randperm(num_total, generator=torch.Generator().manual_seed(seed))
@@ -199,12 +245,35 @@ def load_cifar10(
 ) -> DataBundle:
     """CIFAR-10 as a :class:`DataBundle` for the FOSI AE / TL tasks (see the module docstring).
 
-    ``num_train`` / ``num_val`` / ``num_test`` take the first examples of each split (after the
-    45k/5k split for the AE) — the quick profiles use them to stay within a CPU minute.
+    Args:
+        data_dir: The data directory (see :func:`read_cifar10`).
+        task: ``autoencoder`` (float images in [−1, 1] as input and target; train/val from the
+            45k/5k split of the training set, the official test set as ``test``) or
+            ``classification`` (uint8 NCHW images, int64 labels; the full training set as
+            ``train``, the official test set as ``val``, no ``test``).
+        num_train: Keep the first ``num_train`` training examples (after the AE's split);
+            ``None``: all. The quick profiles use these caps to stay within a CPU minute.
+        num_val: Keep the first ``num_val`` validation examples; ``None``: all.
+        num_test: Keep the first ``num_test`` test images (AE only; 0: no test split);
+            ``None``: all.
+        split_seed: Seed of the AE's 45k/5k split (42: the authors').
+        cache_dir: The ``.npy`` cache folder (see :func:`read_cifar10`).
+        allow_download: Allow the HF ``datasets`` fallback (and, with ``backbone_weights``, the
+            weights download).
+        verify: Check the md5 of the arrays (see :func:`read_cifar10`).
+        backbone_weights: TL: the pretrained ResNet-18 state dict the model will load (a file or
+            a folder holding it). It is checked here, because the loop builds the data first, so
+            a missing file stops the run before anything else with what to download and where to
+            put it. ``None``: no check.
+        name: The dataset name recorded in ``meta``.
 
-    ``backbone_weights`` (TL): the pretrained ResNet-18 state dict the model will load. It is checked
-    here, because the loop builds the data first, so a missing file stops the run before anything
-    else with what to download and where to put it.
+    Returns:
+        The splits, with ``meta`` = name, ``synthetic: False``, the source and the task.
+
+    Raises:
+        ValueError: ``task`` is unknown.
+        DataNotFoundError: The images (or the backbone weights) cannot be found.
+        CorruptDataError: The images found are damaged (see :func:`read_cifar10`).
     """
     if backbone_weights is not None:
         resolve_weights(backbone_weights, allow_download=allow_download)

@@ -47,6 +47,18 @@ __all__ = [
 
 
 class BasicBlock(nn.Module):
+    """torchvision's ResNet basic block, with its parameter names.
+
+    Two 3×3 convolutions with BatchNorm, ReLU between them and after the residual sum; the
+    shortcut is the identity, or a strided 1×1 convolution with BatchNorm (``downsample``) when
+    the stride or the channel count changes.
+
+    Args:
+        in_ch: Input channels.
+        out_ch: Output channels.
+        stride: Stride of the first convolution (and of the shortcut).
+    """
+
     def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride, 1, bias=False)
@@ -60,6 +72,14 @@ class BasicBlock(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        """Apply the block.
+
+        Args:
+            x: ``[B, in_ch, H, W]``.
+
+        Returns:
+            ``[B, out_ch, ⌈H/stride⌉, ⌈W/stride⌉]``.
+        """
         out = torch.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         identity = self.downsample(x) if self.downsample is not None else x
@@ -82,11 +102,51 @@ class ResNet18Backbone(nn.Module):
             prev = ch
 
     def forward(self, x: Tensor) -> Tensor:
+        """The feature map before the global pool.
+
+        Args:
+            x: Images ``[B, 3, H, W]``.
+
+        Returns:
+            ``[B, 512, ⌈H/32⌉, ⌈W/32⌉]`` (4×4 at 128 px).
+        """
         x = self.maxpool(torch.relu(self.bn1(self.conv1(x))))
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
 class ResNetHead(nn.Module):
+    """Frozen ResNet-18 backbone, spatial mean and a trained linear head (see the module docstring).
+
+    Only the head's parameters (``512·num_classes + num_classes``) require gradients. The head is
+    initialised as flax's ``Dense``: truncated-normal LeCun weights, zero bias.
+
+    Args:
+        num_classes: Number of classes (the head's outputs).
+        weights: The ImageNet state dict of the backbone (a ``.pth`` file or a folder holding
+            ``resnet18-f37072fd.pth``; see :func:`curvopt.data.pretrained.resolve_weights`);
+            its ``fc.*`` entries are dropped. ``None``: a randomly initialised backbone (tests
+            only). A path that does not resolve is not an error here: it is recorded in
+            :attr:`missing_weights` and :meth:`forward` raises it.
+        image_size: Side in pixels the inputs are resized to (bilinear, no antialiasing) when
+            they have another size; 128 is the paper's.
+        backbone_bn: ``train``: the backbone's BatchNorm follows the module's mode (batch
+            statistics in training, the authors' behaviour); ``eval``: always inference mode
+            (docs/decisions.md FOSI-L).
+        input_scale: Factor applied to the inputs after conversion to float; 1.0 keeps the
+            authors' 0–255 pixel scale.
+        allow_download: Let the weights lookup download them through ``torch.hub``.
+
+    Attributes:
+        backbone: The :class:`ResNet18Backbone` (parameters frozen).
+        head: The trained ``nn.Linear(512, num_classes)``.
+        missing_weights: The lookup's error message when ``weights`` did not resolve, else
+            ``None``.
+        weights_source: The weights file loaded, or ``None``.
+
+    Raises:
+        ValueError: ``backbone_bn`` is neither ``train`` nor ``eval``.
+    """
+
     def __init__(
         self,
         num_classes: int = 10,
@@ -124,12 +184,32 @@ class ResNetHead(nn.Module):
         self.train()
 
     def train(self, mode: bool = True) -> ResNetHead:
+        """Set training mode, keeping the backbone in eval mode when ``backbone_bn='eval'``.
+
+        Args:
+            mode: ``True`` for training mode, ``False`` for evaluation mode.
+
+        Returns:
+            ``self``.
+        """
         super().train(mode)
         if self.backbone_bn == "eval":
             self.backbone.eval()
         return self
 
     def forward(self, x: Tensor) -> Tensor:
+        """Class logits of a batch of images.
+
+        Args:
+            x: Images ``[B, 3, H, W]`` of any dtype (the TL loader gives uint8 0–255); converted
+                to the head's dtype, scaled by ``input_scale`` and resized to ``image_size``.
+
+        Returns:
+            Logits ``[B, num_classes]``.
+
+        Raises:
+            DataNotFoundError: The pretrained weights were configured but not found.
+        """
         if self.missing_weights is not None:
             raise DataNotFoundError(self.missing_weights)
         x = x.to(self.head.weight.dtype) * self.input_scale
@@ -150,6 +230,19 @@ def resnet18_head(
     input_scale: float = 1.0,
     allow_download: bool = False,
 ) -> ResNetHead:
-    """Hydra builder (``conf/model/fosi_resnet18_head.yaml``). ``weights=None`` gives a randomly
-    initialised backbone (tests only); a path that does not resolve defers the error to the run."""
+    """Hydra builder of :class:`ResNetHead` (``conf/model/fosi_resnet18_head.yaml``).
+
+    Args:
+        num_classes: Number of classes.
+        weights: The backbone's state dict (file or folder); ``None`` gives a randomly
+            initialised backbone (tests only); a path that does not resolve defers the error to
+            the run.
+        image_size: Side the inputs are resized to.
+        backbone_bn: ``train`` or ``eval`` BatchNorm in the backbone.
+        input_scale: Factor applied to the inputs.
+        allow_download: Let the weights lookup download them.
+
+    Returns:
+        The model (see :class:`ResNetHead` for the arguments' details).
+    """
     return ResNetHead(num_classes, weights, image_size, backbone_bn, input_scale, allow_download)

@@ -48,16 +48,46 @@ def compose_config(overrides: Sequence[str] = ()) -> Any:
 
 
 def run_id_for(optimizer: str, profile: str, seed: int, suffix: str | None = None) -> str:
+    """The deterministic run id of a driver's run.
+
+    Args:
+        optimizer: The optimizer config name (``shf_lsmr``).
+        profile: ``quick`` or ``paper``.
+        seed: The run's seed.
+        suffix: Distinguishes runs that differ otherwise (a dataset, an ablation); ``None``: none.
+
+    Returns:
+        ``<optimizer>_<profile>_s<seed>[_<suffix>]``, e.g. ``shf_lsmr_paper_s0``.
+    """
     return f"{optimizer}_{profile}_s{seed}" + (f"_{suffix}" if suffix else "")
 
 
 def experiment_config(experiment: str, profile: str) -> str:
-    """Config name of an experiment at a profile: ``<exp>`` is the quick profile and
-    ``<exp>_paper`` (which includes it and overrides the paper's settings) the paper one."""
+    """The config name of an experiment at a profile.
+
+    Args:
+        experiment: The experiment's base config name (``shf_fig2_usps``), which is the quick
+            profile.
+        profile: ``quick``, or another profile such as ``paper`` whose config
+            ``<experiment>_<profile>`` includes the base one and overrides the paper's settings.
+
+    Returns:
+        ``experiment`` for ``quick``, else ``<experiment>_<profile>``.
+    """
     return experiment if profile == "quick" else f"{experiment}_{profile}"
 
 
 def run_status(run_dir: Path) -> str | None:
+    """The status of a run directory.
+
+    Args:
+        run_dir: ``<results_dir>/<experiment>/<run_id>``.
+
+    Returns:
+        The ``status`` of its ``summary.json`` (``completed``, ``diverged``, ``running``,
+        ``interrupted``, ...); ``killed`` when the directory exists without a summary; ``None``
+        when there is no directory.
+    """
     summary = run_dir / "summary.json"
     if summary.exists():
         return json.loads(summary.read_text()).get("status")
@@ -74,7 +104,30 @@ def ensure_run(
     results_dir: str | Path = "results",
     dry_run: bool = False,
 ) -> tuple[str, Path]:
-    """Make sure one run exists; returns (what was done, run dir)."""
+    """Make sure one run exists, running or resuming it through ``src/train.py`` if needed.
+
+    A completed or diverged run is kept. An unfinished run with a ``checkpoint.pt`` is resumed
+    (``trainer.resume=true``). An unfinished run without one is renamed to
+    ``<run_id>.<status>-<timestamp>`` (never deleted) and started again.
+
+    Args:
+        experiment: The experiment's base config name, also its folder under ``results_dir``.
+        optimizer: The optimizer config name.
+        seed: The run's seed.
+        profile: ``quick`` or ``paper`` (see :func:`experiment_config`).
+        overrides: Extra Hydra overrides for the run.
+        suffix: Run-id suffix (see :func:`run_id_for`).
+        results_dir: The results directory (passed on as ``paths.results_dir``).
+        dry_run: Print the command without running it (an unfinished run without checkpoint is
+            still moved aside).
+
+    Returns:
+        ``(action, run_dir)``: ``action`` is ``kept``, ``ran`` or ``resumed``.
+
+    Raises:
+        SystemExit: The run was interrupted (see :func:`run_train`).
+        subprocess.CalledProcessError: The run failed.
+    """
     run_id = run_id_for(optimizer, profile, seed, suffix)
     run_dir = Path(results_dir) / experiment / run_id
     status = run_status(run_dir)
@@ -107,14 +160,26 @@ def ensure_run(
 
 
 def run_train(cmd: Sequence[str], env: dict[str, str] | None = None) -> int:
-    """Run one ``src/train.py`` command and return its exit code (docs/resume.md).
+    """Run one ``src/train.py`` command from the repository root and return its exit code.
 
     A diverged run (exit 3) is a result: the driver goes on. An interrupted one (130 / 143)
-    stops the driver with the same code; any other failure raises ``CalledProcessError``.
+    stops the driver with the same code; any other failure raises ``CalledProcessError``
+    (docs/resume.md).
 
     Ctrl-C reaches the run too (same process group): the driver then *waits* for it to finish its
     step and write its checkpoint, where ``subprocess.run`` would SIGKILL it after 0.25 s. A
     SIGTERM sent to the driver alone is passed on to the run, with the same wait.
+
+    Args:
+        cmd: The command (``[python, src/train.py, overrides...]``).
+        env: The run's environment; ``None``: this process's.
+
+    Returns:
+        The exit code: completed (0) or diverged (3).
+
+    Raises:
+        SystemExit: The run was interrupted (SIGINT or SIGTERM); the code is 130 or 143.
+        subprocess.CalledProcessError: Any other non-zero exit.
     """
     proc = subprocess.Popen(list(cmd), cwd=REPO_ROOT, env=env)
 
@@ -144,6 +209,15 @@ def run_train(cmd: Sequence[str], env: dict[str, str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: run the missing runs of one experiment (optimizers × seeds).
+
+    Arguments containing ``=`` (and not starting with ``-``) are Hydra overrides for every run,
+    wherever they appear.
+
+    Args:
+        argv: ``--experiment``, ``--optimizers``, ``--seeds``, ``--profile``, ``--results-dir``,
+            ``--dry-run`` and Hydra overrides; ``None``: ``sys.argv[1:]``.
+    """
     import argparse
 
     parser = argparse.ArgumentParser(description="Run the missing runs of an experiment.")

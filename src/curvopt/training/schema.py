@@ -9,7 +9,8 @@ Each YAML file of those groups lists its schema first in its defaults list (``- 
 
 The schemas are registered in Hydra's ConfigStore when :mod:`curvopt.training` is imported; a
 script that composes ``conf/`` itself calls :func:`register_schemas` first (it is idempotent).
-The field comments are the user documentation; ``conf/trainer/default.yaml`` repeats them.
+The class docstrings document every field; the groups' YAML files (``conf/trainer/default.yaml``,
+``conf/paths/default.yaml``, ``conf/logger/*.yaml``) repeat them as comments next to the values.
 """
 
 from __future__ import annotations
@@ -21,7 +22,55 @@ __all__ = ["LoggerSchema", "PathsSchema", "TrainerSchema", "register_schemas"]
 
 @dataclass
 class TrainerSchema:
-    """The training loop's settings (``trainer`` group; documented in ``conf/trainer/default.yaml``)."""
+    """The training loop's settings (the ``trainer`` group; :class:`curvopt.training.loop.LoopConfig`).
+
+    Args:
+        max_steps: Stop after this many updates.
+        max_epochs: Stop after this many passes over the training set, counted by examples seen;
+            ``None``: no such limit.
+        max_algo_time_s: Stop when the algorithm's own time (evaluation excluded) exceeds this
+            many seconds; ``None``: no budget.
+        batch_size: Examples per update, unless the algorithm chooses its own (SHF).
+        sampling: How batches are drawn: ``epoch`` (shuffled passes), ``independent`` (a fresh
+            draw each step, SHF), ``static`` or ``static_padded``.
+        eval_every: Steps between evaluations (there is also one at step 0 and one at the end).
+        eval_batch_size: Rows per forward pass in evaluation.
+        eval_splits: The splits evaluated, among ``train``, ``val`` and ``test``.
+        log_every: Steps between metric rows of the algorithm's own scalars.
+        checkpoint_every: Steps between checkpoints; 0: only at the end and on interrupt.
+        checkpoint_every_s: Also checkpoint every this many wall seconds (long runs that must
+            survive a restart); ``None``: off.
+        keep_checkpoint: Keep ``checkpoint.pt`` after a completed run.
+        resume: Continue ``<paths.results_dir>/<experiment>/<run_id>/`` from its checkpoint, with
+            its saved config (docs/resume.md).
+        restart: Run an existing ``run_id`` again from step 0; its old records are moved aside,
+            never deleted.
+        allow_config_change: Resume even though the command line changes the saved config beyond
+            extending the run.
+        patience_evals: Stop after this many evaluations without a new best ``monitor`` value;
+            ``None``: off.
+        monitor: The validation metric behind ``patience_evals`` and the summary's ``best``.
+        monitor_mode: ``min`` or ``max``: which direction of ``monitor`` is better.
+        device: ``auto`` (CUDA when visible, else CPU), ``cpu`` or ``cuda``.
+        dtype: ``float32``, ``float64`` or ``bfloat16`` (pure bf16 weights and states, GaLore's
+            LLM setup).
+        deterministic: Ask torch for deterministic algorithms
+            (``torch.use_deterministic_algorithms``, warning rather than failing where an op has
+            none); the seeds are set either way.
+        progress: Show a tqdm progress bar; without a terminal, one log line per evaluation
+            instead.
+        progress_log_every_s: Those log lines at most this often, in seconds.
+        micro_batch_size: Gradient accumulation: split each update's (per-rank) batch into
+            micro-batches of this size; ``None``: no accumulation.
+        eval_galore_compat: LM evaluation: also log GaLore's off-by-one loss and perplexity
+            (``loss_galore``, ``ppl_galore``).
+        dist_backend: The ``torch.distributed`` backend of torchrun runs; ``auto``: nccl on
+            CUDA, gloo on CPU.
+        num_threads: torch intra-op threads; ``None``: torch's default. 1 makes
+            ``clock=process`` meaningful.
+        clock: ``wall`` (the papers' computation time; CUDA-synchronised) or ``process`` (this
+            process's CPU seconds, for shared CPUs).
+    """
 
     max_steps: int = 1000
     max_epochs: float | None = None
@@ -55,7 +104,18 @@ class TrainerSchema:
 
 @dataclass
 class PathsSchema:
-    """Where data is read from and records are written (``paths`` group)."""
+    """Where data is read from and records are written (the ``paths`` group).
+
+    The defaults here are placeholders: ``conf/paths/default.yaml`` derives the values from
+    ``CURVOPT_ROOT`` and ``CURVOPT_DATA_DIR``.
+
+    Args:
+        root_dir: The project root the other paths hang from.
+        data_dir: Where the datasets are read from (never written to).
+        results_dir: Where a run writes ``<experiment>/<run_id>/``: ``outputs/runs`` for ad-hoc
+            runs, ``<repo>/results`` for the make targets and drivers.
+        output_dir: Hydra's run folders and the wandb directory.
+    """
 
     root_dir: str = "."
     data_dir: str = "./data"
@@ -65,9 +125,21 @@ class PathsSchema:
 
 @dataclass
 class LoggerSchema:
-    """The ``logger`` group: ``kind: none`` writes the local run records only; ``kind: wandb``
-    also mirrors them to Weights & Biases with the other fields (which ``none`` ignores, so an
-    experiment may set ``logger.log_every`` whichever logger a run picks)."""
+    """Where run records go besides the local files (the ``logger`` group).
+
+    ``kind: none`` ignores the other fields, so an experiment may set ``logger.log_every``
+    whichever logger a run picks.
+
+    Args:
+        kind: ``none`` (the local run records only) or ``wandb`` (also mirrored to Weights &
+            Biases; a wandb failure only warns).
+        project: The wandb project.
+        entity: The wandb entity (user or team); ``None``: wandb's default.
+        mode: The wandb mode, ``offline`` (no account needed) or ``online``.
+        dir: The wandb directory.
+        log_every: Steps between wandb rows of the per-step scalars (evaluation rows are always
+            sent; the local ``metrics.jsonl`` keeps every step).
+    """
 
     kind: str = "none"
     project: str = "curvopt"
@@ -81,8 +153,10 @@ _REGISTERED = False
 
 
 def register_schemas() -> None:
-    """Store the schemas in Hydra's ConfigStore as ``trainer/schema``, ``paths/schema``,
-    and ``logger/schema`` (once per process)."""
+    """Store the schemas in Hydra's ConfigStore as ``trainer/schema``, ``paths/schema`` and ``logger/schema``.
+
+    Idempotent: only the first call in a process stores them.
+    """
     global _REGISTERED
     if _REGISTERED:
         return

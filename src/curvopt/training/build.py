@@ -53,6 +53,13 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
+    """Seed Python, NumPy and torch, and optionally ask torch for deterministic kernels.
+
+    Args:
+        seed: The run's seed.
+        deterministic: Also call ``torch.use_deterministic_algorithms(True, warn_only=True)`` and set
+            ``CUBLAS_WORKSPACE_CONFIG`` (unless already set), as ``trainer.deterministic`` asks.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -62,6 +69,17 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device ``trainer.device`` names.
+
+    Args:
+        name: ``auto`` (CUDA when visible, else CPU), ``cpu``, ``cuda``, ``cuda:<index>`` or ``mps``.
+
+    Returns:
+        The device.
+
+    Raises:
+        ConfigError: CUDA was asked for but no CUDA device is visible.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -75,8 +93,22 @@ def _to_container(cfg: DictConfig | dict) -> dict[str, Any]:
 
 
 def call_target(spec: dict[str, Any], **extra: Any) -> Any:
-    """Call ``spec['_target_'](**rest, **extra)`` directly, so a loader's own exception (e.g. a
-    missing-data message) reaches the user instead of Hydra's InstantiationException wrapper."""
+    """Call ``spec['_target_'](**rest, **extra)`` directly.
+
+    Unlike ``hydra.utils.instantiate``, a loader's own exception (e.g. a missing-data message)
+    reaches the user instead of Hydra's InstantiationException wrapper.
+
+    Args:
+        spec: A config dict with a ``_target_`` (dotted path of a callable) and its keyword arguments;
+            ``_partial_`` is ignored.
+        **extra: More keyword arguments for the call.
+
+    Returns:
+        Whatever the target returns.
+
+    Raises:
+        ValueError: ``spec`` has no ``_target_``.
+    """
     spec = dict(spec)
     target = spec.pop("_target_", None)
     if target is None:
@@ -86,6 +118,20 @@ def call_target(spec: dict[str, Any], **extra: Any) -> Any:
 
 
 def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> DataBundle:
+    """Load the ``dataset`` config's splits and move them to the run's device.
+
+    Args:
+        cfg: The run config (its ``dataset`` node names the loader in ``_target_``).
+        dtype: Floating-point tensors (inputs, and regression targets) are cast to it; integer labels
+            keep their dtype.
+        device: Where the splits go.
+
+    Returns:
+        The loader's :class:`~curvopt.api.DataBundle` with ``train``/``val``/``test`` moved.
+
+    Raises:
+        TypeError: The loader did not return a ``DataBundle``.
+    """
     data_cfg = _to_container(cfg.dataset)
     data_cfg.pop("name", None)
     data = call_target(data_cfg)
@@ -105,6 +151,19 @@ def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> Dat
 
 
 def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
+    """Build the ``model`` config's network.
+
+    Args:
+        cfg: The run config (its ``model`` node: ``_target_``, the builder's arguments and ``loss``).
+        dtype: Parameter dtype.
+        device: Parameter device.
+
+    Returns:
+        ``(model, loss)``, where ``loss`` is ``squared_error``, ``cross_entropy`` or ``sigmoid_bce``.
+
+    Raises:
+        ValueError: The model config has no ``loss`` key.
+    """
     model_cfg = _to_container(cfg.model)
     loss = model_cfg.pop("loss", None)
     if loss is None:
@@ -114,8 +173,17 @@ def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tu
 
 
 def check_optimizer_values(opt_cfg: DictConfig | dict) -> None:
-    """No NaN anywhere in an optimizer config, and learning rates (``lr``, ``*_lr``) finite and
-    non-negative; the optimizers check their own ranges when they are built."""
+    """Check that no optimizer value is NaN and that learning rates are finite and non-negative.
+
+    Learning rates are the keys ``lr``, ``base_lr``, ``adam_lr``, ``max_lr`` and ``min_lr`` at any
+    depth; the optimizers check their own ranges when they are built.
+
+    Args:
+        opt_cfg: The ``optimizer`` config.
+
+    Raises:
+        ConfigError: Naming the offending key and value.
+    """
     values = _to_container(opt_cfg)
 
     def walk(value: Any, key: str) -> None:
@@ -145,13 +213,30 @@ def build_algorithm(
     micro_batch_size: int | None = None,
     train_model: torch.nn.Module | None = None,
 ) -> Algorithm:
-    """Instantiate ``optimizer._target_``: a ``torch.optim.Optimizer`` subclass (wrapped) or a
-    factory ``factory(objective=..., data=..., **kwargs)`` returning an ``Algorithm`` — or a
-    ``torch.optim.Optimizer`` (e.g. one with parameter groups chosen from the model), which is
-    wrapped exactly like an optimizer target, with the config's ``scheduler`` and clipping.
+    """Instantiate ``optimizer._target_`` as an :class:`~curvopt.api.Algorithm`.
 
-    ``micro_batch_size`` (gradient accumulation) and ``train_model`` (the DDP wrapper) apply to
-    wrapped optimizers only; an ``Algorithm`` from a factory handles its own batches.
+    The target is either a ``torch.optim.Optimizer`` subclass (built on the model's parameters and
+    wrapped in :class:`TorchOptimizerAlgorithm` with the config's ``scheduler`` and
+    ``grad_clip_value``) or a factory ``factory(objective=..., data=..., **kwargs)`` that returns an
+    ``Algorithm`` (used as is) or a ``torch.optim.Optimizer`` (e.g. one with parameter groups chosen
+    from the model, wrapped like an optimizer target).
+
+    Args:
+        opt_cfg: The ``optimizer`` config; ``name``, ``grad_clip_value`` and ``scheduler`` describe
+            the run and are not passed to the target.
+        objective: The model and its loss.
+        data: The run's data (factories may read it, e.g. HF-CG's full training set).
+        micro_batch_size: Gradient accumulation in micro-batches of this size (wrapped optimizers).
+        train_model: The DDP-wrapped model, when distributed (wrapped optimizers only).
+
+    Returns:
+        The algorithm the loop steps with ``step(batch)``.
+
+    Raises:
+        ValueError: No ``_target_``, or a factory's ``Algorithm`` given ``scheduler`` or
+            ``grad_clip_value`` (it clips and schedules itself).
+        NotImplementedError: A factory's own ``Algorithm`` under DistributedDataParallel.
+        TypeError: The target returned something without ``step``.
     """
     kwargs = _to_container(opt_cfg)
     target_name = kwargs.pop("_target_", None)
@@ -200,6 +285,15 @@ def build_algorithm(
 
 
 def make_run_id(cfg: DictConfig, dist: DistInfo = SINGLE) -> str:
+    """The run directory's name: ``run_id`` when set, else ``<optimizer>_s<seed>_<time>_<random>``.
+
+    Args:
+        cfg: The run config.
+        dist: Distributed context; rank 0's generated id is broadcast to every rank.
+
+    Returns:
+        The run id.
+    """
     if cfg.get("run_id"):
         return str(cfg.run_id)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -266,8 +360,17 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 def check_trainer(tcfg: DictConfig) -> LoopConfig:
-    """Every trainer value checked (type, range, choices) before anything is loaded or created;
-    a bad one raises :class:`ConfigError` naming it and its valid values."""
+    """Check every trainer value (type, range, choices) before anything is loaded or created.
+
+    Args:
+        tcfg: The ``trainer`` config.
+
+    Returns:
+        The loop's :class:`~curvopt.training.loop.LoopConfig` built from it.
+
+    Raises:
+        ConfigError: Naming the bad value and the valid ones.
+    """
     loop_cfg = LoopConfig.from_trainer(tcfg)
     dtype = tcfg.get("dtype", "float32")
     if dtype not in DTYPES:
@@ -289,11 +392,21 @@ def check_trainer(tcfg: DictConfig) -> LoopConfig:
 
 
 def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str, Any]:
-    """Run one training job described by ``cfg``; return its summary (with ``run_dir``).
+    """Run one training job described by ``cfg`` and return its summary.
 
-    ``cli`` (the Hydra command line) tells a resumed run which keys the command set explicitly;
-    without it every key that differs from the saved config counts as set (see
-    :func:`curvopt.training.rundir.resume_config`)."""
+    Args:
+        cfg: The composed run config (``src/train.py``'s, or :func:`curvopt.runs.compose_config`'s).
+        cli: The Hydra command line. It tells a resumed run which keys the command set explicitly;
+            without it every key that differs from the saved config counts as set (see
+            :func:`curvopt.training.rundir.resume_config`).
+
+    Returns:
+        The run's summary (as written to ``summary.json``), with ``run_dir`` added.
+
+    Raises:
+        BadInputError: A bad config value, missing data or an unusable run directory, found before
+            training starts (nothing is written then).
+    """
     check_no_legacy_variants(cfg)
     check_known_keys(cfg)
     seed = cfg.get("seed", 0)

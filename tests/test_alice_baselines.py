@@ -1,5 +1,5 @@
 """The official GaLore / Fira / APOLLO packages behind our configs: first steps checked against
-NumPy from the papers' algorithms (spec §6), so a wrong key or scale in the wrapper fails."""
+NumPy from the papers' algorithms (GaLore, Fira, APOLLO), so a wrong key or scale in the wrapper fails."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_fira_first_step_is_galore_plus_scaled_residual():
     sigma = U.T @ G
     ng = first_adam_direction(sigma) * (1 - 0.9) / math.sqrt(1 - 0.999)  # m/(√v+ε) before bias scaling
     phi = np.linalg.norm(ng, axis=0) / (np.linalg.norm(sigma, axis=0) + 1e-8)
-    residual = G - 0.25 * U @ sigma  # the official code's quirk: G − α·UUᵀG (spec §10.19)
+    residual = G - 0.25 * U @ sigma  # the official code's quirk: G − α·UUᵀG (docs/decisions.md)
     step_size = 0.1 * math.sqrt(1 - 0.999) / (1 - 0.9)
     expected = -step_size * (0.25 * U @ ng + residual * phi[None, :])
     np.testing.assert_allclose(delta, expected, rtol=1e-4, atol=1e-7)  # upstream SVD runs in fp32

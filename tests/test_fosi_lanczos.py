@@ -267,7 +267,7 @@ def test_flat_hvp_matches_dense_hessian(mode, reuse):
 
 
 def test_lanczos_on_mlp_hessian_matches_eigh():
-    """The authors' sanity check (spec §3): Lanczos eigenvalues vs the dense Hessian, atol 1e-4."""
+    """The authors' sanity check (their Lanczos test): Lanczos eigenvalues vs the dense Hessian, atol 1e-4."""
     model, x, y = _tiny_mlp()
     H, params = _dense_hessian(model, _ce, x, y)
     n = H.shape[0]

@@ -1,5 +1,5 @@
 """FOSI (curvopt.optim.fosi): equality with the base optimizer before the first ESE, Lemma 1, a
-step-by-step reference implementation of spec §2.3/§2.4, schedule, state_dict, failures, configs."""
+step-by-step reference implementation of the paper's Algorithm 1 and update rule, schedule, state_dict, failures, configs."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_lemma1_implied_preconditioner_is_spd_and_alpha_on_the_subspace():
 
 
 def _reference_fosi(H, theta0, base, k, alpha, steps, c, form, ese_at, basis_fn):
-    """Straightforward FOSI (spec §2.3–2.5, full velocity vector, explicit projections) on a
+    """Straightforward FOSI (the paper's update, full velocity vector, explicit projections) on a
     quadratic; ``basis_fn(theta)`` returns (λ̂ asc, V̂ rows) at each ESE."""
     theta = theta0.clone()
     n = theta.numel()

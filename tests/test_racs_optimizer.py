@@ -23,7 +23,7 @@ def _one_thread():
 
 
 def racs_reference(W0, grads, lr, beta=0.9, alpha=0.05, gamma=1.01, n_iter=5, warm_start=False):
-    """Algorithm 1, written from the paper (spec §3.1), float64 NumPy. Returns W after each step
+    """Algorithm 1, written from the RACS paper, float64 NumPy. Returns W after each step
     and the limiter factors η."""
     W = W0.copy()
     m, n = W.shape

@@ -270,3 +270,29 @@ def test_train_entrypoint_keeps_command_line_values(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     saved = next(tmp_path.rglob("cli/config.yaml")).read_text()
     assert "alpha: 0.5" in saved and "alpha: 0.01" not in saved and "optimizer_variants" not in saved
+
+
+def test_trainer_defaults_have_one_source():
+    """conf/trainer/default.yaml, the schema and the loop's LoopConfig agree on every default."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from curvopt.training.loop import LoopConfig
+    from curvopt.training.schema import TrainerSchema, trainer_default
+
+    yaml_cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "trainer" / "default.yaml"))
+    yaml_cfg.pop("defaults")
+    schema = dataclasses.asdict(TrainerSchema())
+    assert yaml_cfg == schema, {
+        k: (yaml_cfg.get(k), schema.get(k))
+        for k in set(yaml_cfg) | set(schema)
+        if yaml_cfg.get(k) != schema.get(k)
+    }
+    loop = LoopConfig()
+    for f in dataclasses.fields(LoopConfig):
+        assert f.name in schema, f"LoopConfig.{f.name} is not a trainer setting"
+        assert getattr(loop, f.name) == schema[f.name], f.name
+    assert LoopConfig.from_trainer({}) == loop
+    # the list default is handed out fresh, so one run's config cannot change the next one's
+    assert trainer_default("eval_splits") is not trainer_default("eval_splits")

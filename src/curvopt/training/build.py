@@ -43,6 +43,7 @@ from curvopt.training.rundir import (
     resume_config,
     save_command_line,
 )
+from curvopt.training.schema import trainer_default
 from curvopt.training.tracking import make_tracker
 
 log = logging.getLogger(__name__)
@@ -372,21 +373,21 @@ def check_trainer(tcfg: DictConfig) -> LoopConfig:
         ConfigError: Naming the bad value and the valid ones.
     """
     loop_cfg = LoopConfig.from_trainer(tcfg)
-    dtype = tcfg.get("dtype", "float32")
+    dtype = tcfg.get("dtype", trainer_default("dtype"))
     if dtype not in DTYPES:
         raise ConfigError(f"trainer.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
-    device = tcfg.get("device", "auto")
+    device = tcfg.get("device", trainer_default("device"))
     if not isinstance(device, str) or not (
         device == "auto" or device.split(":")[0] in ("cpu", "cuda", "mps")
     ):
         raise ConfigError(f"trainer.device={device!r}: choose auto, cpu, cuda or cuda:<index>")
     for key in ("resume", "restart", "allow_config_change", "deterministic"):
-        as_bool(f"trainer.{key}", tcfg.get(key, key == "deterministic"))
+        as_bool(f"trainer.{key}", tcfg.get(key, trainer_default(key)))
     for key in ("micro_batch_size", "num_threads"):
         value = tcfg.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ConfigError(f"trainer.{key}={value!r}: must be a positive whole number, or null")
-    if tcfg.get("clock", "wall") == "process" and str(device).startswith("cuda"):
+    if tcfg.get("clock", trainer_default("clock")) == "process" and str(device).startswith("cuda"):
         raise ConfigError("trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU")
     return loop_cfg
 
@@ -416,7 +417,7 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
     check_optimizer_values(cfg.optimizer)
     tcfg = cfg.trainer
     dist = (
-        init_distributed(str(tcfg.device), str(tcfg.get("dist_backend", "auto")))
+        init_distributed(str(tcfg.device), str(tcfg.get("dist_backend", trainer_default("dist_backend"))))
         if env_world_size() > 1
         else SINGLE
     )
@@ -432,7 +433,10 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
     # the saved config.yaml names its run, generated id included, so `run_id=<id> trainer.resume=true`
     # resumes it like a named run
     cfg.run_id = run_dir.name
-    resume, restart = bool(tcfg.get("resume", False)), bool(tcfg.get("restart", False))
+    resume, restart = (
+        bool(tcfg.get("resume", trainer_default("resume"))),
+        bool(tcfg.get("restart", trainer_default("restart"))),
+    )
     # the topmost directory this run creates (removed again if it stops before training)
     created = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     lock = RunLock(run_dir)
@@ -453,7 +457,7 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
                 cfg,
                 cli,
                 _saved_choices(run_dir),
-                allow_change=bool(tcfg.get("allow_config_change", False)),
+                allow_change=bool(tcfg.get("allow_config_change", trainer_default("allow_config_change"))),
             )
             cfg = plan.config
             tcfg = cfg.trainer
@@ -463,7 +467,7 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
             if dist.enabled
             else resolve_device(tcfg.device)
         )
-        if tcfg.get("clock", "wall") == "process" and device.type == "cuda":
+        if tcfg.get("clock", trainer_default("clock")) == "process" and device.type == "cuda":
             raise ConfigError(
                 "trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU"
             )

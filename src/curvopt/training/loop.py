@@ -44,6 +44,7 @@ from curvopt.training.distributed import SINGLE, DistInfo, all_reduce, gather_ob
 from curvopt.training.evaluation import evaluate_split
 from curvopt.training.records import RunRecorder
 from curvopt.training.sampler import SAMPLING_MODES, BatchSampler, shard
+from curvopt.training.schema import trainer_default as _default
 from curvopt.training.tracking import NullTracker
 
 log = logging.getLogger(__name__)
@@ -115,31 +116,27 @@ class LoopConfig:
         ConfigError: If a value has the wrong type or is out of range.
     """
 
-    max_steps: int = 1000
-    max_epochs: float | None = None
-    max_algo_time_s: float | None = None
-    batch_size: int = 128
-    sampling: str = "epoch"
-    eval_every: int = 100
-    eval_batch_size: int = 2000
-    eval_splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
-    log_every: int = 1
-    checkpoint_every: int = 0
-    # also checkpoint when this many wall seconds have passed since the last one (long CPU runs
-    # that must survive a restart on another machine; null = off)
-    checkpoint_every_s: float | None = None
-    keep_checkpoint: bool = True
-    # without a terminal (tqdm is silent), log one progress line per evaluation, at most this often
-    progress_log_every_s: float = 30.0
-    patience_evals: int | None = None
-    monitor: str = "val/loss"
-    monitor_mode: str = "min"
-    progress: bool = True
-    eval_galore_compat: bool = False  # also log GaLore's off-by-one eval loss/ppl (LM tasks)
-    # wall: time.perf_counter (+ CUDA sync), the papers' "computation time". process: this process's
-    # CPU seconds (time.process_time), which other jobs on a shared CPU cannot inflate; it equals
-    # uncontended wall time only with one torch thread (trainer.num_threads=1) and never on a GPU.
-    clock: str = "wall"
+    # Defaults come from the trainer schema (one place for them; conf/trainer/default.yaml repeats
+    # them with comments, and tests/test_config_schema.py checks that the three agree).
+    max_steps: int = _default("max_steps")
+    max_epochs: float | None = _default("max_epochs")
+    max_algo_time_s: float | None = _default("max_algo_time_s")
+    batch_size: int = _default("batch_size")
+    sampling: str = _default("sampling")
+    eval_every: int = _default("eval_every")
+    eval_batch_size: int = _default("eval_batch_size")
+    eval_splits: list[str] = field(default_factory=lambda: _default("eval_splits"))
+    log_every: int = _default("log_every")
+    checkpoint_every: int = _default("checkpoint_every")
+    checkpoint_every_s: float | None = _default("checkpoint_every_s")
+    keep_checkpoint: bool = _default("keep_checkpoint")
+    progress_log_every_s: float = _default("progress_log_every_s")
+    patience_evals: int | None = _default("patience_evals")
+    monitor: str = _default("monitor")
+    monitor_mode: str = _default("monitor_mode")
+    progress: bool = _default("progress")
+    eval_galore_compat: bool = _default("eval_galore_compat")
+    clock: str = _default("clock")
 
     def __post_init__(self) -> None:
         if self.clock not in ("wall", "process"):
@@ -184,30 +181,33 @@ class LoopConfig:
         Raises:
             ConfigError: Naming the first bad value.
         """
-        get = tcfg.get
-        splits = get("eval_splits", ["train", "val", "test"])
+
+        def value(key: str) -> Any:
+            return tcfg.get(key, _default(key))
+
+        splits = value("eval_splits")
         if isinstance(splits, str) or not all(isinstance(x, str) for x in splits):
             raise ConfigError(f"trainer.eval_splits={splits!r}: expected a list such as [train, val, test]")
         return cls(
-            max_steps=_as_int("max_steps", get("max_steps", 1000)),
-            max_epochs=_as_float("max_epochs", get("max_epochs")),
-            max_algo_time_s=_as_float("max_algo_time_s", get("max_algo_time_s")),
-            batch_size=_as_int("batch_size", get("batch_size", 128)),
-            sampling=str(get("sampling", "epoch")),
-            eval_every=_as_int("eval_every", get("eval_every", 100)),
-            eval_batch_size=_as_int("eval_batch_size", get("eval_batch_size", 2000)),
+            max_steps=_as_int("max_steps", value("max_steps")),
+            max_epochs=_as_float("max_epochs", value("max_epochs")),
+            max_algo_time_s=_as_float("max_algo_time_s", value("max_algo_time_s")),
+            batch_size=_as_int("batch_size", value("batch_size")),
+            sampling=str(value("sampling")),
+            eval_every=_as_int("eval_every", value("eval_every")),
+            eval_batch_size=_as_int("eval_batch_size", value("eval_batch_size")),
             eval_splits=list(splits),
-            log_every=_as_int("log_every", get("log_every", 1)),
-            checkpoint_every=_as_int("checkpoint_every", get("checkpoint_every", 0)),
-            checkpoint_every_s=_as_float("checkpoint_every_s", get("checkpoint_every_s")),
-            keep_checkpoint=as_bool("trainer.keep_checkpoint", get("keep_checkpoint", True)),
-            patience_evals=_as_int("patience_evals", get("patience_evals")),
-            monitor=str(get("monitor", "val/loss")),
-            monitor_mode=str(get("monitor_mode", "min")),
-            progress=as_bool("trainer.progress", get("progress", True)),
-            progress_log_every_s=_as_float("progress_log_every_s", get("progress_log_every_s", 30.0)),
-            eval_galore_compat=as_bool("trainer.eval_galore_compat", get("eval_galore_compat", False)),
-            clock=str(get("clock", "wall")),
+            log_every=_as_int("log_every", value("log_every")),
+            checkpoint_every=_as_int("checkpoint_every", value("checkpoint_every")),
+            checkpoint_every_s=_as_float("checkpoint_every_s", value("checkpoint_every_s")),
+            keep_checkpoint=as_bool("trainer.keep_checkpoint", value("keep_checkpoint")),
+            patience_evals=_as_int("patience_evals", value("patience_evals")),
+            monitor=str(value("monitor")),
+            monitor_mode=str(value("monitor_mode")),
+            progress=as_bool("trainer.progress", value("progress")),
+            progress_log_every_s=_as_float("progress_log_every_s", value("progress_log_every_s")),
+            eval_galore_compat=as_bool("trainer.eval_galore_compat", value("eval_galore_compat")),
+            clock=str(value("clock")),
         )
 
 

@@ -16,8 +16,9 @@ The class docstrings document every field; the groups' YAML files (``conf/traine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["LoggerSchema", "PathsSchema", "TrainerSchema", "register_schemas"]
+__all__ = ["LoggerSchema", "PathsSchema", "TrainerSchema", "register_schemas", "trainer_default"]
 
 
 @dataclass
@@ -100,6 +101,27 @@ class TrainerSchema:
     dist_backend: str = "auto"
     num_threads: int | None = None
     clock: str = "wall"
+
+
+_TRAINER_DEFAULTS = TrainerSchema()
+
+
+def trainer_default(key: str) -> Any:
+    """The default of one ``trainer`` setting: the single place the loop and the checks read it from.
+
+    ``conf/trainer/default.yaml`` repeats these values with comments; a test checks that they agree.
+
+    Args:
+        key: A field of :class:`TrainerSchema`.
+
+    Returns:
+        Its default (a fresh list for ``eval_splits``).
+
+    Raises:
+        AttributeError: If ``key`` is not a trainer setting.
+    """
+    value = getattr(_TRAINER_DEFAULTS, key)
+    return list(value) if isinstance(value, list) else value
 
 
 @dataclass

@@ -15,7 +15,7 @@ Targets (2 cores): RACS ≤ 1.5× fused AdamW; Alice plain ≤ 1.5× GaLore plai
 
     python -m benchmarks.bench_llm_optim            # ~5 min
     python -m benchmarks.bench_llm_optim --quick    # < 2 min
-Writes results/benchmarks/bench_llm_optim.{json,md,png}. Other processes may share the CPU: the
+Writes results/benchmarks/bench_llm_optim.{json,md,png} (``--device cuda``: results/benchmarks/cuda/). Other processes may share the CPU: the
 load average is recorded with the results, and ``--threads 1`` (``--clock auto`` then times the
 process's CPU time instead of the wall clock) gives ratios that contention barely moves.
 """
@@ -45,10 +45,10 @@ def llama60m_shapes() -> list[tuple[int, int]]:
     return shapes
 
 
-def make_params(shapes, seed=0) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(s, generator=g) * 0.02) for s in shapes]
-    grads = [torch.randn(s, generator=g) * 1e-3 for s in shapes]
+def make_params(shapes, seed=0, device="cpu") -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same numbers on every device
+    params = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.02).to(device)) for s in shapes]
+    grads = [(torch.randn(s, generator=g) * 1e-3).to(device) for s in shapes]
     return params, grads
 
 
@@ -99,6 +99,7 @@ def force_refresh_next(method: str, opt: torch.optim.Optimizer) -> bool:
 
 
 CLOCK = time.perf_counter  # set by main(): wall clock, or the process's CPU time (--clock process)
+SYNC = lambda: None  # noqa: E731  set by main(): torch.cuda.synchronize on a GPU
 
 
 def time_steps(opt, params, grads, n) -> list[float]:
@@ -106,8 +107,10 @@ def time_steps(opt, params, grads, n) -> list[float]:
     for _ in range(n):
         for p, g in zip(params, grads):
             p.grad = g
+        SYNC()
         t0 = CLOCK()
         opt.step()
+        SYNC()
         out.append(CLOCK() - t0)
     return out
 
@@ -123,11 +126,13 @@ def formula_bytes(method: str, shapes, rank: int) -> int | None:
     return total
 
 
-def run(methods: list[str], steps: int, warmup: int, refreshes: int, rank: int) -> list[dict[str, Any]]:
+def run(
+    methods: list[str], steps: int, warmup: int, refreshes: int, rank: int, device: str = "cpu"
+) -> list[dict[str, Any]]:
     shapes = llama60m_shapes()
     results = []
     for method in methods:
-        params, grads = make_params(shapes)
+        params, grads = make_params(shapes, device=device)
         try:
             opt = build(method, params, rank)
         except ImportError as err:
@@ -200,7 +205,7 @@ def targets(res: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def plot(results: list[dict[str, Any]], path: Path, gpu: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,7 +220,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.bar([i + 0.2 for i in x], amort, width=0.4, label=f"amortised (K={K})")
     ax.set_xticks(list(x), names, rotation=30, ha="right")
     ax.set_ylabel("ms per step")
-    ax.set_title(f"LLaMA-60M matrices, {torch.get_num_threads()} threads, CPU")
+    where = gpu or f"{torch.get_num_threads()} threads, CPU"
+    ax.set_title(f"LLaMA-60M matrices, {where}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -237,12 +243,28 @@ def main() -> None:
         help="wall: perf_counter; process: CPU time of this process (robust when other processes share "
         "the cores; meaningful with --threads 1); auto: process with one thread, else wall",
     )
-    parser.add_argument("--out-dir", type=Path, default=Path("results/benchmarks"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA: wall clock with synchronisation)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="default results/benchmarks (CPU) or results/benchmarks/<device> (e.g. cuda)",
+    )
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible here; run without --device for the CPU")
+    out_dir = args.out_dir or Path("results/benchmarks") / ("" if device.type == "cpu" else device.type)
     torch.set_num_threads(args.threads)
     clock = args.clock if args.clock != "auto" else ("process" if args.threads == 1 else "wall")
-    global CLOCK
+    if device.type == "cuda" and clock == "process":
+        parser.error("--clock process counts CPU seconds only; on a GPU use --clock wall (or auto)")
+    if device.type == "cuda":
+        clock = "wall"
+    global CLOCK, SYNC
     CLOCK = time.process_time if clock == "process" else time.perf_counter
+    if device.type == "cuda":
+        SYNC = torch.cuda.synchronize
     methods = args.methods or [
         "adamw_fused",
         "adamw_foreach",
@@ -260,16 +282,18 @@ def main() -> None:
     print(
         f"threads {args.threads}, clock {clock}, load average {load:.2f} (other processes may share the CPU)"
     )
-    results = run(methods, steps, warmup, refreshes, args.rank)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    results = run(methods, steps, warmup, refreshes, args.rank, str(device))
     by = {r["method"]: r for r in results}
     checks = targets(by)
     lines = [
         f"# Optimizer step cost on the LLaMA-60M matrices ({'quick' if args.quick else 'full'} run)",
         "",
         f"`benchmarks/bench_llm_optim.py{' --quick' if args.quick else ''} --threads {args.threads} "
-        f"--clock {clock}`, rank {args.rank}, K = {K}, torch {torch.__version__}, {platform.machine()}, "
+        f"--clock {clock}{'' if device.type == 'cpu' else ' --device ' + args.device}`, rank {args.rank}, "
+        f"K = {K}, torch {torch.__version__}, device {device_name}, "
         f"1-min load average {load:.2f} at the start (a shared CPU: wall-clock times are contended; "
-        "the process clock counts this process's CPU time only).",
+        "the process clock counts this process's CPU time only; on a GPU: CUDA-synchronised wall clock).",
         "",
         "| method | plain ms | refresh extra ms | amortised ms | state MiB | state/formula−1 |",
         "|---|---|---|---|---|---|",
@@ -286,8 +310,8 @@ def main() -> None:
             f"| {c['target']} | {c['ratio']:.3f} | {c['limit']:.3g} | {'yes' if c['ok'] else 'NO'} |"
         )
     print("\n" + "\n".join(lines))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "bench_llm_optim.md").write_text("\n".join(lines) + "\n")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench_llm_optim.md").write_text("\n".join(lines) + "\n")
     payload = {
         "benchmark": "bench_llm_optim",
         "quick": args.quick,
@@ -297,13 +321,15 @@ def main() -> None:
         "K": K,
         "load_average_1m": load,
         "machine": platform.machine(),
+        "device": device.type,
+        "device_name": device_name,
         "torch": torch.__version__,
         "results": results,
         "targets": checks,
     }
-    (args.out_dir / "bench_llm_optim.json").write_text(json.dumps(payload, indent=2))
-    plot(results, args.out_dir / "bench_llm_optim.png")
-    print(f"wrote {args.out_dir / 'bench_llm_optim.json'}, .md and .png")
+    (out_dir / "bench_llm_optim.json").write_text(json.dumps(payload, indent=2))
+    plot(results, out_dir / "bench_llm_optim.png", device_name if device.type == "cuda" else None)
+    print(f"wrote {out_dir / 'bench_llm_optim.json'}, .md and .png")
 
 
 if __name__ == "__main__":

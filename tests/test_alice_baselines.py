@@ -141,3 +141,48 @@ def test_missing_package_message_says_what_to_install(monkeypatch):
     monkeypatch.setattr(lowrank.importlib, "import_module", lambda name: fake_import(name))
     with pytest.raises(ImportError, match="pip install torch==2.13.0 galore-torch"):
         lowrank.official_class("galore")
+
+
+_STEP_CODE = """
+import sys
+if {block}:
+    sys.modules["bitsandbytes"] = None  # as on a node without it: importing it fails
+import torch
+from curvopt.optim import lowrank
+out = []
+for method, build in (("galore", lowrank.galore), ("apollo", lowrank.apollo)):
+    cls = lowrank.official_class(method)
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(16, 12))
+    opt = build([], [w], lr=0.01, rank=4, update_proj_gap=2)
+    for _ in range(3):
+        w.grad = torch.randn(16, 12)
+        opt.step()
+    out.append(f"{{method}} {{cls.__module__}}.{{cls.__name__}} {{w.detach().double().sum().item():.12e}}")
+print("bitsandbytes loaded:", "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is not None)
+print("\\n".join(out))
+"""
+
+
+def test_baselines_run_without_bitsandbytes():
+    """GaLore and APOLLO import bitsandbytes in their package __init__ only for their 8-bit
+    variants; without it the same classes load from their own modules and take the same steps."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+
+    def run(block: bool) -> list[str]:
+        code = _STEP_CODE.format(block=block)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip().splitlines()
+
+    with_bnb, without_bnb = run(False), run(True)
+    assert without_bnb[0] == "bitsandbytes loaded: False"
+    assert with_bnb[0] == "bitsandbytes loaded: True"
+    assert without_bnb[1].startswith("galore galore_torch.adamw.AdamW ")
+    assert without_bnb[2].startswith("apollo apollo_torch.apollo.AdamW ")
+    assert with_bnb[1:] == without_bnb[1:]  # same classes, same weights after three steps

@@ -8,7 +8,7 @@ and install from it with no index (docs/cluster.md):
     python tools/wheelhouse.py --with wandb --with submitit      # optional extras
     python tools/wheelhouse.py --have bitsandbytes --dry-run     # the target already has it
     # on the node:
-    pip install --no-index --find-links wheelhouse -r wheelhouse/requirements.txt
+    pip install --no-index --no-deps --find-links wheelhouse -r wheelhouse/requirements.txt
 
 What goes in: the names of ``requirements.txt`` minus torch, minus ``USUALLY_PRESENT`` (what a CUDA
 PyTorch image with transformers ships; ``--no-assume-present`` keeps them), minus the optional
@@ -77,6 +77,10 @@ OPTIONAL = {
     "wandb": ["wandb"],
     "datasets": ["datasets"],
     "submitit": ["hydra-submitit-launcher"],  # Hydra's SLURM launcher (docs/cluster.md)
+    # galore-torch, fira and apollo-torch declare these, but the optimizers we run import neither:
+    # curvopt.optim.lowrank loads GaLore's and APOLLO's own modules when bitsandbytes is missing
+    # (41 MiB of the 49 MiB the two would add). Left out, the install needs pip's --no-deps.
+    "8bit": ["bitsandbytes", "tensorly"],
 }
 
 DEFAULT_PLATFORMS = ["manylinux_2_28_x86_64"]
@@ -240,6 +244,7 @@ def plan_roots(args: argparse.Namespace) -> tuple[list[tuple[str, str]], set[str
         skip |= {_canon(n) for n in item.split(",") if n.strip()}
     optional = {_canon(n) for group in OPTIONAL.values() for n in group}
     wanted = {_canon(n) for g in args.with_ for n in OPTIONAL[g]}
+    skip |= optional - wanted  # also as dependencies of what is downloaded
     listed = requirement_names(Path(args.requirements))
     roots = [
         (n, "requirements.txt" if n in listed else "--with")
@@ -295,17 +300,21 @@ def build(args: argparse.Namespace) -> dict:
                 continue
             queue.append((dep, f"needed by {name}"))
     total = sum(item.get("bytes", 0) for item in done.values())
+    left_out = {_canon(n) for g, names in OPTIONAL.items() if g not in args.with_ for n in names}
     manifest = {
         "python_version": args.python_version,
         "platforms": platforms,
-        "skipped_as_present": sorted(skip),
+        "skipped_as_present": sorted(skip - left_out),
         "packages": sorted(done.values(), key=lambda d: d["name"]),
         "total_bytes": total,
-        "install": f"pip install --no-index --find-links {dest} -r {dest}/requirements.txt",
+        "optional_left_out": sorted(left_out),
+        # --no-deps: requirements.txt pins the whole closure minus what the target has and the
+        # optional groups left out (which some packages declare but our runs never import)
+        "install": f"pip install --no-index --no-deps --find-links {dest} -r {dest}/requirements.txt",
     }
     if not args.dry_run:
         (dest / "requirements.txt").write_text(
-            "# pip install --no-index --find-links <this folder> -r requirements.txt\n"
+            "# pip install --no-index --no-deps --find-links <this folder> -r requirements.txt\n"
             + "".join(f"{d['name']}=={d['version']}\n" for d in manifest["packages"])
         )
         (dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

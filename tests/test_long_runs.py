@@ -67,6 +67,19 @@ def test_killed_run_with_checkpoint_is_resumed_by_the_driver(tmp_path):
     assert full["status"] == "completed"
 
 
+def test_packed_runs_are_kept_by_the_driver(tmp_path):
+    """A completed run folded into the experiment's pack is not run again."""
+    from curvopt.analysis.pack import pack_experiment
+
+    _run(tmp_path, ["run_id=adam_quick_s0", "trainer.max_steps=3", "seed=0"])
+    assert runs.ensure_run("t", "adam", 0, results_dir=tmp_path, dry_run=True)[0] == "kept"
+    pack_experiment(Path(tmp_path) / "t")
+    assert not (Path(tmp_path) / "t" / "adam_quick_s0" / "summary.json").exists()  # in the pack now
+    assert runs.run_status(Path(tmp_path) / "t" / "adam_quick_s0") == "completed"
+    assert runs.ensure_run("t", "adam", 0, results_dir=tmp_path, dry_run=True)[0] == "kept"
+    assert runs.ensure_run("t", "adam", 1, results_dir=tmp_path, dry_run=True)[0] == "ran"
+
+
 def test_run_lock_refuses_a_live_owner_and_takes_over_a_stale_one(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -85,12 +85,19 @@ def run_status(run_dir: Path) -> str | None:
 
     Returns:
         The ``status`` of its ``summary.json`` (``completed``, ``diverged``, ``running``,
-        ``interrupted``, ...); ``killed`` when the directory exists without a summary; ``None``
-        when there is no directory.
+        ``interrupted``, ...); else the status a pack of the experiment (``runs.jsonl`` beside
+        it, :mod:`curvopt.analysis.pack`) records for the run; else ``killed`` when the directory
+        exists, ``None`` when it does not.
     """
     summary = run_dir / "summary.json"
     if summary.exists():
         return json.loads(summary.read_text()).get("status")
+    packed = run_dir.parent / "runs.jsonl"  # curvopt.analysis.pack.PACKED_RUNS (plain text)
+    if packed.exists():
+        for line in packed.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if record.get("run_id") == run_dir.name and (record.get("summary") or {}).get("status"):
+                return record["summary"]["status"]
     return "killed" if run_dir.exists() else None
 
 

@@ -1,7 +1,7 @@
 """Training throughput of each RACS/Alice-paper method relative to Adam, same model and machine.
 
     python -m benchmarks.bench_llm_throughput                        # tiny (quick model) and 60M, CPU
-    python -m benchmarks.bench_llm_throughput --sizes 60m --device cuda --dtype bfloat16
+    python -m benchmarks.bench_llm_throughput --sizes 60m --device cuda --dtype bfloat16   # + peak memory
 
 TP = non-pad tokens per second of the update (forward, backward, optimizer step; the loop's
 ``TorchOptimizerAlgorithm.step`` with the run's micro-batching), as the loop logs it. Methods
@@ -14,7 +14,9 @@ Builds each method from the same composed config as a run (``experiment=alice_c4
 ``alice_c4_<size>_paper`` for the paper sizes) with a random-token batch of the profile's shape:
 tiny = 8 × 128 (2 micro-batches), 60M on the CPU = 4 × 256 (one micro-batch; the paper's
 512 × 256 is the same per-token work, 128× longer). Other processes may share the CPU: the
-record keeps the load average. Writes ``results/benchmarks/llm_throughput.json``.
+record keeps the load average. On a GPU (``--shape auto``) the batch is the config's own, 512 × 256
+in micro-batches of 256 for 60M, and each method's peak allocated memory is recorded (Figure 4).
+Writes ``results/benchmarks/llm_throughput.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -67,8 +69,27 @@ def refresh_key(cfg) -> str | None:
     return None
 
 
+def batch_shape(size: str, cfg, shape: str) -> tuple[int, int, int | None]:
+    """(sequences per update, sequence length, micro-batch) of the timed batch.
+
+    ``small``: :data:`SHAPES` (a CPU-sized batch). ``paper``: the run config's own, i.e. the
+    paper's global batch with its micro-batching (60M: 512 × 256 in micro-batches of 256), which a
+    GPU needs for a throughput that is not launch overhead.
+    """
+    if shape == "small" or size == "tiny":
+        return SHAPES[size]
+    micro = cfg.trainer.get("micro_batch_size")
+    return int(cfg.trainer.batch_size), int(cfg.dataset.max_length), int(micro) if micro else None
+
+
 def time_steps(
-    size: str, method_key: str, steps: int, device: torch.device, dtype: torch.dtype, extra: list[str]
+    size: str,
+    method_key: str,
+    steps: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    extra: list[str],
+    shape: str = "small",
 ):
     """Step times of ``steps`` updates (the first included) on one fixed random batch."""
     from omegaconf import open_dict
@@ -84,13 +105,15 @@ def time_steps(
         )  # constant lr: the schedule costs nothing and lr 0 at step 1 hides work
     torch.manual_seed(0)
     model, loss = build_model(cfg, dtype, device)
-    batch, length, micro = SHAPES[size]
+    batch, length, micro = batch_shape(size, cfg, shape)
     vocab = int(model.vocab_size)
     x = torch.randint(3, vocab, (batch, length), device=device)
     y = x[:, 1:].clone()
     data = DataBundle(train=(x, y))
     algo = build_algorithm(cfg.optimizer, Objective(model, loss), data, micro_batch_size=micro)
     times = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -99,16 +122,25 @@ def time_steps(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(CLOCK() - t0)
-    return times, int((y != -100).sum()), cfg
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return times, int((y != -100).sum()), cfg, (batch, length, micro), peak
 
 
-def measure(size: str, method_key: str, steps: int, device: torch.device, dtype: torch.dtype) -> dict:
-    times, tokens, cfg = time_steps(size, method_key, steps, device, dtype, [])
+def measure(
+    size: str, method_key: str, steps: int, device: torch.device, dtype: torch.dtype, shape: str = "small"
+) -> dict:
+    times, tokens, cfg, (batch, length, micro), peak = time_steps(
+        size, method_key, steps, device, dtype, [], shape
+    )
     steady = statistics.median(times[1:])
     key = refresh_key(cfg)
     record = {
         "size": size,
         "method": method_key,
+        "batch": batch,
+        "length": length,
+        "micro_batch": micro,
+        "peak_mem_bytes": peak,
         "tokens_per_step": tokens,
         "steady_step_s": steady,
         "first_step_s": times[0],
@@ -117,7 +149,7 @@ def measure(size: str, method_key: str, steps: int, device: torch.device, dtype:
     if key is not None:
         interval = int(cfg.optimizer[key])
         # every step of a K=2 run after the first alternates refresh / no refresh
-        r_times, _, _ = time_steps(size, method_key, 5, device, dtype, [f"optimizer.{key}=2"])
+        r_times = time_steps(size, method_key, 5, device, dtype, [f"optimizer.{key}=2"], shape)[0]
         refresh = statistics.median([r_times[i] for i in (2, 4)])  # t % 2 == 0 → refresh
         amortised = (interval - 1) / interval * steady + refresh / interval
         record.update(
@@ -147,6 +179,13 @@ def main() -> None:
         help="process: this process's CPU time (robust on a shared CPU, with --threads 1); "
         "auto: process on the CPU with one thread, else wall",
     )
+    parser.add_argument(
+        "--shape",
+        default="auto",
+        choices=["auto", "small", "paper"],
+        help="timed batch: small (4 x 256, CPU), paper (the config's global batch and micro-batch, "
+        "60M: 512 x 256); auto: paper on a GPU, small on the CPU",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / "llm_throughput.json")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -159,6 +198,7 @@ def main() -> None:
         raise SystemExit("--clock process measures CPU time: use it on the CPU only")
     global CLOCK
     CLOCK = time.process_time if clock == "process" else time.perf_counter
+    shape = args.shape if args.shape != "auto" else ("paper" if device.type == "cuda" else "small")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = []
     for size in args.sizes:
@@ -166,7 +206,7 @@ def main() -> None:
         adam_tp = None
         for method in args.methods:
             try:
-                rec = measure(size, method, steps, device, dtype)
+                rec = measure(size, method, steps, device, dtype, shape)
             except Exception as err:  # a method missing here must not lose the others
                 print(f"{size:>5} {method:>8}: failed ({err!r})", flush=True)
                 continue
@@ -182,6 +222,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "clock": clock,
         "dtype": args.dtype,
+        "shape": shape,
         "load_average": os.getloadavg(),
         "torch": torch.__version__,
         "results": results,
@@ -195,14 +236,16 @@ def main() -> None:
         f"{out['threads']} thread(s), {clock} clock, {args.dtype}, 1-min load average "
         f"{out['load_average'][0]:.2f} (a shared CPU). Targets: RACS ≥ 0.9×, Alice ≥ 0.85× Adam.",
         "",
-        "| size | method | tokens/s (amortised) | × Adam | steady step s | refresh step s |",
-        "|---|---|---|---|---|---|",
+        "| size | method | batch × length (micro) | tokens/s (amortised) | × Adam | steady step s | refresh step s | peak memory |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rel = f"{r['relative_to_adam']:.3f}" if r["relative_to_adam"] else "–"
         ref = f"{r['refresh_step_s']:.3f}" if "refresh_step_s" in r else "–"
+        mem = f"{r['peak_mem_bytes'] / 2**30:.2f} GiB" if r.get("peak_mem_bytes") else "–"
+        shp = f"{r['batch']} × {r['length']} ({r['micro_batch'] or '–'})"
         lines.append(
-            f"| {r['size']} | {r['method']} | {r['tokens_per_s']:.0f} | {rel} | {r['steady_step_s']:.3f} | {ref} |"
+            f"| {r['size']} | {r['method']} | {shp} | {r['tokens_per_s']:.0f} | {rel} | {r['steady_step_s']:.3f} | {ref} | {mem} |"
         )
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

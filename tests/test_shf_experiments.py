@@ -122,3 +122,48 @@ def test_figures_say_not_run_without_records(tmp_path):
     assert png.exists() and not png.with_suffix(".csv").exists()
     table = figures.table2(tmp_path, ["usps"], "paper", tmp_path)
     assert list(table["status"]) == ["not run", "not run"]
+
+
+def test_fig2_mean_is_over_finished_runs_only(tmp_path):
+    """A seed still in progress is drawn thinly, not averaged: the mean curve keeps the finished
+    runs' whole time range."""
+    import pandas as pd
+    import yaml
+
+    def write(run_id, seed, status, times):
+        run = tmp_path / "shf_fig2_usps" / run_id
+        run.mkdir(parents=True)
+        cfg = {
+            "profile": "paper",
+            "seed": seed,
+            "dataset": {"name": "usps"},
+            "optimizer": {"name": "shf_lsmr"},
+        }
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+        rows = [
+            {
+                "step": i + 1,
+                "algo_time_s": t,
+                "train/E_sq": 10.0 / (i + 1),
+                "val/E_sq": 12.0 / (i + 1),
+                "test/E_sq": 12.0 / (i + 1),
+            }
+            for i, t in enumerate(times)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {
+            "status": status,
+            "profile": "paper",
+            "seed": seed,
+            "run_id": run_id,
+            "optimizer": "shf_lsmr",
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+
+    write("shf_lsmr_paper_s0", 0, "completed", [1.0, 2.0, 3.0, 4.0])
+    write("shf_lsmr_paper_s1", 1, "interrupted", [1.0])
+    png = figures.fig2(tmp_path, ["usps"], "paper", tmp_path / "fig2.png")
+    curve = pd.read_csv(png.with_suffix(".csv"))
+    test = curve[(curve["method"] == "shf_lsmr") & (curve["split"] == "test")]
+    assert (test["seeds"] == 1).all()
+    assert test["algo_time_s"].max() == pytest.approx(4.0)  # not cut at the in-progress run's 1 s

@@ -90,14 +90,23 @@ def unfinished_note(runs: pd.DataFrame) -> str:
 def budget_label(frames: list[pd.DataFrame]) -> str:
     """The seed count per method, and the algorithm-time budget when the profile has one."""
     parts = []
-    seeds = {}
+    seeds: dict[str, tuple[int, int]] = {}  # method -> (finished, in progress), the largest panel's
     for df in frames:
         if df.empty:
             continue
         for method, runs in df.groupby("optimizer"):
-            seeds[method] = max(seeds.get(method, 0), runs["run_id"].nunique())
+            done = runs.loc[runs["status"].isin(FINISHED), "run_id"].nunique() if "status" in runs else 0
+            count = (
+                (done, runs["run_id"].nunique() - done) if "status" in runs else (runs["run_id"].nunique(), 0)
+            )
+            seeds[method] = max(seeds.get(method, (0, 0)), count)
     if seeds:
-        parts.append(", ".join(f"{METHOD_LABELS.get(m, m)}: {n} seed(s)" for m, n in sorted(seeds.items())))
+        parts.append(
+            ", ".join(
+                f"{METHOD_LABELS.get(m, m)}: {d} seed(s)" + (f" + {o} in progress" if o else "")
+                for m, (d, o) in sorted(seeds.items())
+            )
+        )
     budgets = sorted(
         {
             float(b)
@@ -130,20 +139,25 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
             continue
         for method, runs in df.groupby("optimizer", sort=True):
             colour = METHOD_COLOURS.get(method)
-            n_seeds = runs["run_id"].nunique()
+            # the mean is over finished runs; runs still in progress are drawn thinly beside it (with
+            # no finished run yet, the in-progress runs themselves, labelled so)
+            finished = runs[runs["status"].isin(FINISHED)] if "status" in runs else runs
+            main = finished if not finished.empty else runs
+            n_seeds = main["run_id"].nunique()
+            n_open = runs["run_id"].nunique() - n_seeds
             for split, style in (("train", ":"), ("test", "-")):
                 col = f"{split}/E_sq"
-                grid, mean, std = mean_curve_on_grid(runs, "algo_time_s", col)
+                grid, mean, std = mean_curve_on_grid(main, "algo_time_s", col)
                 if grid.size == 0:
                     continue
-                if n_seeds > 1:  # each seed thinly, the mean over the common time range boldly
+                if n_seeds > 1 or n_open:  # each seed thinly, the mean over the common time range boldly
                     for _, run in runs.groupby("run_id"):
                         pts = run[["algo_time_s", col]].dropna()
                         ax.plot(pts["algo_time_s"], pts[col], style, color=colour, lw=0.5, alpha=0.35)
                 label = (
                     f"{METHOD_LABELS.get(method, method)} {split}"
                     + (f" (mean of {n_seeds})" if n_seeds > 1 else "")
-                    + unfinished_note(runs)
+                    + (f" (+{n_open} in progress, thin)" if n_open else unfinished_note(main))
                 )
                 ax.plot(grid, mean, style, color=colour, label=label, lw=1.6)
                 series.append(
@@ -159,7 +173,7 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
                         }
                     )
                 )
-            best = runs.groupby("run_id").apply(_best_val_point, include_groups=False).dropna()
+            best = main.groupby("run_id").apply(_best_val_point, include_groups=False).dropna()
             if method == "shf_lsmr" and not best.empty:
                 ax.scatter(
                     best["algo_time_s"],

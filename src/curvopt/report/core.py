@@ -224,7 +224,7 @@ def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
     seeds = sorted({int(s) for s in _column(summaries, "cfg.seed", "seed").dropna()})
     text = (
         f"profile {', '.join(profiles) or '?'}; device {', '.join(devices) or '?'}; "
-        f"seeds {','.join(map(str, seeds)) or '?'} ({len(summaries)} runs)"
+        f"seeds {','.join(map(str, seeds)) or '?'} ({len(summaries)} run{'s' if len(summaries) != 1 else ''})"
     )
     return text + (f"; {extra}" if extra else "")
 

@@ -241,7 +241,7 @@ def main() -> None:
         default="auto",
         choices=["auto", "wall", "process"],
         help="wall: perf_counter; process: CPU time of this process (robust when other processes share "
-        "the cores; meaningful with --threads 1); auto: process with one thread, else wall",
+        "the cores; meaningful with --threads 1); auto: process with one thread on the CPU, else wall",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA: wall clock with synchronisation)")
     parser.add_argument(
@@ -256,11 +256,10 @@ def main() -> None:
         parser.error("--device cuda: no CUDA device is visible here; run without --device for the CPU")
     out_dir = args.out_dir or Path("results/benchmarks") / ("" if device.type == "cpu" else device.type)
     torch.set_num_threads(args.threads)
-    clock = args.clock if args.clock != "auto" else ("process" if args.threads == 1 else "wall")
-    if device.type == "cuda" and clock == "process":
+    if device.type == "cuda" and args.clock == "process":
         parser.error("--clock process counts CPU seconds only; on a GPU use --clock wall (or auto)")
-    if device.type == "cuda":
-        clock = "wall"
+    auto = "wall" if device.type == "cuda" or args.threads != 1 else "process"
+    clock = args.clock if args.clock != "auto" else auto
     global CLOCK, SYNC
     CLOCK = time.process_time if clock == "process" else time.perf_counter
     if device.type == "cuda":

@@ -79,6 +79,11 @@ def select_runs(df: pd.DataFrame, profile: str, finished_only: bool = False) -> 
     return df
 
 
+def finished_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished rows of ``runs`` (all of them when the records carry no status)."""
+    return runs[runs["status"].isin(FINISHED)] if "status" in runs else runs
+
+
 def unfinished_note(runs: pd.DataFrame) -> str:
     """`` (in progress: step N)`` for a run whose records end before it finished."""
     if "status" not in runs or runs["status"].isin(FINISHED).all():
@@ -95,11 +100,8 @@ def budget_label(frames: list[pd.DataFrame]) -> str:
         if df.empty:
             continue
         for method, runs in df.groupby("optimizer"):
-            done = runs.loc[runs["status"].isin(FINISHED), "run_id"].nunique() if "status" in runs else 0
-            count = (
-                (done, runs["run_id"].nunique() - done) if "status" in runs else (runs["run_id"].nunique(), 0)
-            )
-            seeds[method] = max(seeds.get(method, (0, 0)), count)
+            done = finished_runs(runs)["run_id"].nunique()
+            seeds[method] = max(seeds.get(method, (0, 0)), (done, runs["run_id"].nunique() - done))
     if seeds:
         parts.append(
             ", ".join(
@@ -141,7 +143,7 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
             colour = METHOD_COLOURS.get(method)
             # the mean is over finished runs; runs still in progress are drawn thinly beside it (with
             # no finished run yet, the in-progress runs themselves, labelled so)
-            finished = runs[runs["status"].isin(FINISHED)] if "status" in runs else runs
+            finished = finished_runs(runs)
             main = finished if not finished.empty else runs
             n_seeds = main["run_id"].nunique()
             n_open = runs["run_id"].nunique() - n_seeds

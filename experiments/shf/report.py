@@ -39,6 +39,7 @@ SHF_NAMES = {"mnist": "MNIST", "usps": "USPS", "curves": "CURVES-like"}
 
 
 METHODS = ("shf_lsmr", "hf_cg")
+FINISHED = ("completed", "diverged")  # as experiments.shf.figures.FINISHED
 
 
 def _shf_runs(ctx: Context, dataset: str, both_methods: bool = False) -> tuple[str, pd.DataFrame]:
@@ -87,13 +88,13 @@ def _in_progress_note(ctx: Context, dataset: str, profile: str) -> list[str]:
     sums = load_summaries(ctx.results, f"shf_fig2_{dataset}")
     if sums.empty or "status" not in sums:
         return []
-    open_runs = sums[~sums["status"].isin(["completed", "diverged"])]
+    open_runs = sums[~sums["status"].isin(FINISHED)]
     if "cfg.profile" in open_runs:
         open_runs = open_runs[open_runs["cfg.profile"] == "paper"] if profile != "paper" else open_runs
     names = sorted(open_runs["run_id"])
     notes = [f"paper-profile runs still in progress (not judged yet): {', '.join(names)}"] if names else []
     if profile != "paper" and "cfg.profile" in sums:
-        done = sums[sums["status"].isin(["completed", "diverged"]) & (sums["cfg.profile"] == "paper")]
+        done = sums[sums["status"].isin(FINISHED) & (sums["cfg.profile"] == "paper")]
         if not done.empty:
             notes.append(
                 f"finished paper-profile runs of {', '.join(sorted(set(done['optimizer'])))} only: this "

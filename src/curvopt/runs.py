@@ -92,12 +92,11 @@ def run_status(run_dir: Path) -> str | None:
     summary = run_dir / "summary.json"
     if summary.exists():
         return json.loads(summary.read_text()).get("status")
-    packed = run_dir.parent / "runs.jsonl"  # curvopt.analysis.pack.PACKED_RUNS (plain text)
-    if packed.exists():
-        for line in packed.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
-            if record.get("run_id") == run_dir.name and (record.get("summary") or {}).get("status"):
-                return record["summary"]["status"]
+    from curvopt.analysis.pack import read_packed_runs  # pandas/pyarrow: only for this fallback
+
+    for record in read_packed_runs(run_dir.parent):
+        if record.get("run_id") == run_dir.name and (record.get("summary") or {}).get("status"):
+            return record["summary"]["status"]
     return "killed" if run_dir.exists() else None
 
 

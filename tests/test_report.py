@@ -209,6 +209,7 @@ def test_curves_like_table2_judges_the_claim_not_the_numbers(tmp_path: Path) -> 
     res = statuses(tmp_path, SHF_ITEMS)["shf/table2_curves"]
     assert res.status == core.QUALITATIVE, (res.status, res.notes)
     assert res.gap == "– (different data)"
+    assert set(res.rows["test gap (rel.)"]) == {"– (different data)"}  # no per-row % against other data
     assert any("not comparable" in n for n in res.notes)
     for run in (tmp_path / "shf_fig2_curves").iterdir():
         shutil.rmtree(run)

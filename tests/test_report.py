@@ -163,6 +163,8 @@ def test_shf_quick_records_are_qualitative_with_the_numbers(tmp_path: Path) -> N
     assert rows.loc["shf_lsmr", "test gap (rel.)"] == f"{1.50 / 1.435 - 1:+.1%}"
     assert "profile quick" in t2.provenance and "seeds 0" in t2.provenance
     assert got["shf/fig3_mnist"].status == core.QUALITATIVE  # 100 -> 200 -> 400, non-decreasing
+    fig3 = got["shf/fig3_mnist"].rows.iloc[0]
+    assert fig3["last batch reached at (share of run time)"] == "100.0%"  # 400 first logged at t = 3 of 3
 
 
 def test_shf_paper_records_reproduced_within_tolerance(tmp_path: Path) -> None:

@@ -167,3 +167,45 @@ def test_fig2_mean_is_over_finished_runs_only(tmp_path):
     test = curve[(curve["method"] == "shf_lsmr") & (curve["split"] == "test")]
     assert (test["seeds"] == 1).all()
     assert test["algo_time_s"].max() == pytest.approx(4.0)  # not cut at the in-progress run's 1 s
+
+
+def test_work_comparison_reads_both_methods_at_equal_curvature_work():
+    """Hand-worked: work = Σ inner_iters × batch_size; the test error is interpolated at the
+    smallest final work over completed runs, averaged over seeds; unfinished runs are left out."""
+    import pandas as pd
+
+    from experiments.shf.work import work_comparison
+
+    def run(method, run_id, inner, batch, test, cpu, status="completed"):
+        return pd.DataFrame(
+            {
+                "optimizer": method,
+                "run_id": run_id,
+                "profile": "paper",
+                "status": status,
+                "step": range(1, len(inner) + 1),
+                "inner_iters": inner,
+                "batch_size": batch,
+                "test/E_sq": test,
+                "algo_time_s": [cpu * (i + 1) / len(inner) for i in range(len(inner))],
+            }
+        )
+
+    runs = pd.concat(
+        [
+            # work 100, 300, 600; evaluated at steps 1 and 3 only
+            run("shf_lsmr", "shf_lsmr_paper_s0", [1, 2, 3], [100] * 3, [10.0, None, 4.0], cpu=6.0),
+            run("shf_lsmr", "shf_lsmr_paper_s1", [2, 4], [100] * 2, [8.0, 2.0], cpu=12.0),  # work 200, 600
+            run("hf_cg", "hf_cg_paper_s0", [4, 4], [100] * 2, [6.0, 5.0], cpu=1.6),  # work 400, 800
+            run("hf_cg", "hf_cg_paper_s9", [1], [100], [99.0], cpu=1.0, status="running_or_killed"),
+        ],
+        ignore_index=True,
+    )
+    res = work_comparison(runs, "paper")
+    assert set(res["per_run"]) == {"shf_lsmr_paper_s0", "shf_lsmr_paper_s1", "hf_cg_paper_s0"}
+    assert res["common_work"] == 600.0
+    # SHF: s0 at 600 -> 4.0, s1 at 600 -> 2.0; HF-CG at 600: halfway between 6 (400) and 5 (800) -> 5.5
+    assert res["test_E_sq_at_common_work"] == pytest.approx({"shf_lsmr": 3.0, "hf_cg": 5.5})
+    assert res["ratio"] == pytest.approx(3.0 / 5.5)
+    assert res["per_run"]["hf_cg_paper_s0"]["cpu_s_per_million_products"] == pytest.approx(1e6 * 1.6 / 800)
+    assert work_comparison(runs[runs["optimizer"] == "hf_cg"], "paper")["ratio"] is None

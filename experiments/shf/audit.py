@@ -21,6 +21,9 @@ iteration (λ, inner iterations and LSMR's stop reasons, ρ, batch size, test er
 time) to ``results/figures/shf_audit_<dataset>_<profile>.png`` (+ CSV)::
 
     python -m experiments.shf.audit --trajectory --dataset usps --profile paper
+
+``--work`` compares the two methods at equal curvature work (Σ inner iterations × batch size), an axis
+that does not depend on the machine a run had, and writes ``results/shf_audit/work_<dataset>_<profile>.json``.
 """
 
 from __future__ import annotations
@@ -277,9 +280,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
     p.add_argument("--trajectory", action="store_true", help="draw per-iteration behaviour from the records")
+    p.add_argument(
+        "--work",
+        action="store_true",
+        help="compare the methods at equal curvature work (machine-independent) from the records",
+    )
     p.add_argument("--profile", default="paper")
     p.add_argument("--results-dir", type=Path, default=Path("results"))
     args = p.parse_args(argv)
+    if args.work:
+        from curvopt.analysis.records import load_runs
+        from experiments.shf.work import work_comparison
+
+        res = work_comparison(load_runs(args.results_dir, f"shf_fig2_{args.dataset}"), args.profile)
+        text = json.dumps(res, indent=2)
+        print(text)
+        out = Path(args.out or args.results_dir / "shf_audit" / f"work_{args.dataset}_{args.profile}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        return
     if args.trajectory:
         out = Path(args.out or args.results_dir / "figures" / f"shf_audit_{args.dataset}_{args.profile}.png")
         print(f"wrote {trajectory(args.results_dir, args.dataset, args.profile, out)}")

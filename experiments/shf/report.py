@@ -33,6 +33,7 @@ from curvopt.report.core import (
     provenance,
     rel_gap,
 )
+from experiments.shf.work import work_comparison
 
 SHF_DATASETS = ("mnist", "usps", "curves")
 SHF_NAMES = {"mnist": "MNIST", "usps": "USPS", "curves": "CURVES-like"}
@@ -274,6 +275,14 @@ def shf_fig2(dataset: str) -> Callable[[Context], ItemResult]:
             "Paper gives no numbers for Figure 2; the check reads both mean test curves at the common time.",
             *_in_progress_note(ctx, dataset, profile),
         ]
+        work = work_comparison(runs, profile) if not runs.empty else {"ratio": None}
+        if work["ratio"] is not None:
+            notes.append(
+                f"Machine-independent check (not judged): at equal curvature work, {work['common_work'] / 1e6:.1f} M "
+                f"example-products (Σ inner iterations × batch), SHF / Martens test E_sq = {work['ratio']:.3f}; "
+                "CPU seconds per operation differ between the machines that ran the seeds "
+                "(`python -m experiments.shf.audit --work`)."
+            )
         return ItemResult(
             judge(profile, None, ok),
             rows=pd.DataFrame(rows),

@@ -28,6 +28,19 @@ def work_comparison(runs: pd.DataFrame, profile: str = "paper") -> dict:
     Returns:
         ``{"per_run": {run_id: {...}}, "common_work": W, "test_E_sq_at_common_work": {...}, "ratio": r}``.
     """
+    need = {
+        "optimizer",
+        "run_id",
+        "profile",
+        "status",
+        "step",
+        "inner_iters",
+        "batch_size",
+        "test/E_sq",
+        "algo_time_s",
+    }
+    if not need <= set(runs.columns):  # records without per-step work counts (older or hand-made)
+        return {"per_run": {}, "common_work": None, "test_E_sq_at_common_work": {}, "ratio": None}
     done = runs[(runs["profile"] == profile) & (runs["status"] == "completed")]
     per_run, curves = {}, {}
     for (method, run_id), run in done.groupby(["optimizer", "run_id"]):

@@ -275,7 +275,7 @@ def shf_fig2(dataset: str) -> Callable[[Context], ItemResult]:
             "Paper gives no numbers for Figure 2; the check reads both mean test curves at the common time.",
             *_in_progress_note(ctx, dataset, profile),
         ]
-        work = work_comparison(runs, profile) if not runs.empty else {"ratio": None}
+        work = work_comparison(runs, profile)  # no ratio without both methods' completed records
         if work["ratio"] is not None:
             notes.append(
                 f"Machine-independent check (not judged): at equal curvature work, {work['common_work'] / 1e6:.1f} M "

@@ -39,8 +39,9 @@ def work_comparison(runs: pd.DataFrame, profile: str = "paper") -> dict:
         "test/E_sq",
         "algo_time_s",
     }
+    none = {"per_run": {}, "common_work": None, "test_E_sq_at_common_work": {}, "ratio": None}
     if not need <= set(runs.columns):  # records without per-step work counts (older or hand-made)
-        return {"per_run": {}, "common_work": None, "test_E_sq_at_common_work": {}, "ratio": None}
+        return none
     done = runs[(runs["profile"] == profile) & (runs["status"] == "completed")]
     per_run, curves = {}, {}
     for (method, run_id), run in done.groupby(["optimizer", "run_id"]):
@@ -58,7 +59,7 @@ def work_comparison(runs: pd.DataFrame, profile: str = "paper") -> dict:
         }
         curves.setdefault(method, []).append((work[ev], run["test/E_sq"].to_numpy(float)[ev]))
     if set(curves) != {"shf_lsmr", "hf_cg"}:
-        return {"per_run": per_run, "common_work": None, "test_E_sq_at_common_work": {}, "ratio": None}
+        return {**none, "per_run": per_run}
     common = min(w[-1] for cs in curves.values() for w, _ in cs)
     at = {m: float(np.mean([np.interp(common, w, e) for w, e in cs])) for m, cs in curves.items()}
     return {

@@ -124,6 +124,26 @@ def test_figures_say_not_run_without_records(tmp_path):
     assert list(table["status"]) == ["not run", "not run"]
 
 
+def test_budget_label_gives_seed_counts_per_dataset_when_panels_differ():
+    """The suptitle must not quote one panel's seed count for every panel."""
+    import pandas as pd
+
+    def frame(runs):
+        return pd.DataFrame(
+            [{"optimizer": m, "run_id": f"{m}_s{i}", "status": st} for i, (m, st) in enumerate(runs)]
+        )
+
+    usps = frame(
+        [("hf_cg", "completed"), ("hf_cg", "completed"), ("hf_cg", "interrupted"), ("shf_lsmr", "completed")]
+    )
+    curves = frame([("hf_cg", "completed"), ("shf_lsmr", "completed")])
+    label = figures.budget_label({"curves": curves, "usps": usps, "mnist": pd.DataFrame()})
+    assert "CURVES: Martens HF-CG: 1 seed(s), SHF-LSMR (ours): 1 seed(s)" in label
+    assert "USPS: Martens HF-CG: 2 seed(s) + 1 in progress, SHF-LSMR (ours): 1 seed(s)" in label
+    same = figures.budget_label({"curves": curves, "usps": curves.copy()})
+    assert same == "Martens HF-CG: 1 seed(s), SHF-LSMR (ours): 1 seed(s)"
+
+
 def test_fig2_mean_is_over_finished_runs_only(tmp_path):
     """A seed still in progress is drawn thinly, not averaged: the mean curve keeps the finished
     runs' whole time range."""

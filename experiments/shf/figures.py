@@ -92,27 +92,39 @@ def unfinished_note(runs: pd.DataFrame) -> str:
     return f" (in progress, step {int(steps.max())})" if not steps.empty else " (in progress)"
 
 
-def budget_label(frames: list[pd.DataFrame]) -> str:
-    """The seed count per method, and the algorithm-time budget when the profile has one."""
+def _seed_counts(df: pd.DataFrame) -> dict[str, tuple[int, int]]:
+    """method -> (finished runs, runs in progress) in one panel's records."""
+    counts = {}
+    for method, runs in df.groupby("optimizer"):
+        done = finished_runs(runs)["run_id"].nunique()
+        counts[method] = (done, runs["run_id"].nunique() - done)
+    return counts
+
+
+def _seed_text(counts: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(
+        f"{METHOD_LABELS.get(m, m)}: {d} seed(s)" + (f" + {o} in progress" if o else "")
+        for m, (d, o) in sorted(counts.items())
+    )
+
+
+def budget_label(frames: dict[str, pd.DataFrame]) -> str:
+    """The seed count per method (per dataset when the panels differ), and the algorithm-time budget
+    when the profile has one.
+
+    Args:
+        frames: dataset -> that panel's run records.
+    """
     parts = []
-    seeds: dict[str, tuple[int, int]] = {}  # method -> (finished, in progress), the largest panel's
-    for df in frames:
-        if df.empty:
-            continue
-        for method, runs in df.groupby("optimizer"):
-            done = finished_runs(runs)["run_id"].nunique()
-            seeds[method] = max(seeds.get(method, (0, 0)), (done, runs["run_id"].nunique() - done))
-    if seeds:
-        parts.append(
-            ", ".join(
-                f"{METHOD_LABELS.get(m, m)}: {d} seed(s)" + (f" + {o} in progress" if o else "")
-                for m, (d, o) in sorted(seeds.items())
-            )
-        )
+    counts = {d: _seed_counts(df) for d, df in frames.items() if not df.empty}
+    if len(set(map(str, counts.values()))) == 1:
+        parts.append(_seed_text(next(iter(counts.values()))))
+    elif counts:
+        parts.append(" | ".join(f"{panel_title(d, frames[d])}: {_seed_text(c)}" for d, c in counts.items()))
     budgets = sorted(
         {
             float(b)
-            for df in frames
+            for df in frames.values()
             if "max_algo_time_s" in df
             for b in df["max_algo_time_s"].dropna().unique()
         }
@@ -194,7 +206,7 @@ def fig2(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
         ax.legend(fontsize=7)
     fig.suptitle(
         f"SHF-LSMR Figure 2: training (dotted) and test (solid) error vs time\n"
-        f"{profile_label(list(frames.values()))}; {budget_label(list(frames.values()))}",
+        f"{profile_label(list(frames.values()))}; {budget_label(frames)}",
         fontsize=10,
     )
     return _save(fig, out, series)
@@ -269,7 +281,7 @@ def fig3(results: Path, datasets: list[str], profile: str, out: Path) -> Path:
         ax.legend(unique.values(), unique.keys(), fontsize=7)
     fig.suptitle(
         f"SHF-LSMR Figure 3: mini-batch size vs time\n{profile_label(list(frames.values()))}; "
-        f"{budget_label(list(frames.values()))}",
+        f"{budget_label(frames)}",
         fontsize=10,
     )
     return _save(fig, out, series)

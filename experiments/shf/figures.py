@@ -117,8 +117,9 @@ def budget_label(frames: dict[str, pd.DataFrame]) -> str:
     """
     parts = []
     counts = {d: _seed_counts(df) for d, df in frames.items() if not df.empty}
-    if len(set(map(str, counts.values()))) == 1:
-        parts.append(_seed_text(next(iter(counts.values()))))
+    first = next(iter(counts.values()), None)
+    if counts and all(c == first for c in counts.values()):
+        parts.append(_seed_text(first))
     elif counts:
         parts.append(" | ".join(f"{panel_title(d, frames[d])}: {_seed_text(c)}" for d, c in counts.items()))
     budgets = sorted(

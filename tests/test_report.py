@@ -91,7 +91,10 @@ def shf_runs(
             row[key] *= 2.0
     for method, rows in (("shf_lsmr", shf), ("hf_cg", hf)):
         if method in methods:
-            cfg = {**base, "optimizer": {"name": method}}
+            cfg = {
+                **base,
+                "optimizer": {"name": method, **({"max_batch_size": 1000} if method == "shf_lsmr" else {})},
+            }
             write_run(root, f"shf_fig2_{dataset}", f"{method}_{profile}_s0", cfg, rows, summary_extra=extra)
 
 
@@ -164,7 +167,49 @@ def test_shf_quick_records_are_qualitative_with_the_numbers(tmp_path: Path) -> N
     assert "profile quick" in t2.provenance and "seeds 0" in t2.provenance
     assert got["shf/fig3_mnist"].status == core.QUALITATIVE  # 100 -> 200 -> 400, non-decreasing
     fig3 = got["shf/fig3_mnist"].rows.iloc[0]
-    assert fig3["last batch reached at (share of run time)"] == "100.0%"  # 400 first logged at t = 3 of 3
+    assert fig3["largest batch reached at (share of run time)"] == "100.0%"  # 400 first logged at t = 3 of 3
+    assert fig3["n at 25/50/75 % of time"] == "100 / 100 / 200" and bool(fig3["gradual"])
+
+
+def _fig3_run(root: Path, sizes: list[int], n_max: int = 2000) -> None:
+    rows = [
+        {
+            "step": i + 1,
+            "algo_time_s": float(i + 1),
+            "train/E_sq": 2.0,
+            "val/E_sq": 2.0,
+            "test/E_sq": 2.0,
+            "batch_size": b,
+        }
+        for i, b in enumerate(sizes)
+    ]
+    cfg = {
+        "profile": "paper",
+        "seed": 0,
+        "dataset": {"name": "usps"},
+        "optimizer": {"name": "shf_lsmr", "max_batch_size": n_max},
+    }
+    write_run(root, "shf_fig2_usps", "shf_lsmr_paper_s0", cfg, rows)
+
+
+def test_shf_fig3_a_jump_to_n_max_at_the_start_is_different(tmp_path: Path) -> None:
+    """The paper claims gradual growth: 200 -> 2000 within the first 1 % of the run, then flat, is
+    non-decreasing and grows, yet it is not the paper's Figure 3 (docs/decisions.md SHF-27)."""
+    _fig3_run(tmp_path, [200] + [2000] * 99)
+    res = statuses(tmp_path, SHF_ITEMS)["shf/fig3_usps"]
+    assert res.status == core.DIFFERENT
+    assert (
+        not bool(res.rows.iloc[0]["gradual"])
+        and res.rows.iloc[0]["n at 25/50/75 % of time"] == "2000 / 2000 / 2000"
+    )
+
+
+def test_shf_fig3_gradual_growth_is_reproduced_and_no_growth_is_not(tmp_path: Path) -> None:
+    _fig3_run(tmp_path, [200 + 10 * i for i in range(100)])  # 200 -> 1190 steadily, mean 695 <= 1000
+    assert statuses(tmp_path, SHF_ITEMS)["shf/fig3_usps"].status == core.QUALITATIVE
+    other = tmp_path / "flat"
+    _fig3_run(other, [200] * 100)  # never grows
+    assert statuses(other, SHF_ITEMS)["shf/fig3_usps"].status == core.DIFFERENT
 
 
 def test_shf_paper_records_reproduced_within_tolerance(tmp_path: Path) -> None:

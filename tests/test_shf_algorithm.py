@@ -67,6 +67,34 @@ def test_variance_batch_size_hand_worked():
     assert nhat2 == math.ceil(1700 / (17 + 0.25 * 99 * 34)) == 2
 
 
+def test_variance_batch_size_per_summand_hand_worked():
+    # the same three gradients read as f_S's summands h_i = ∇f_i/3: V_h = 17/9, ‖mean h‖ = √34/3
+    grads = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 9.0]], dtype=torch.float64)
+    gsum, gsq = grads.sum(0), (grads**2).sum(0)
+    nhat, v, gnorm = variance_batch_size(gsum, gsq, 3, 100, 0.5, power=1, gradients="summand")
+    h = grads / 3
+    v_h, g_h = float(h.var(0, unbiased=True).sum()), float(h.mean(0).norm())
+    assert (
+        nhat
+        == math.ceil(100 * v_h / (v_h + 0.25 * 99 * g_h))
+        == math.ceil(1700 / (17 + 0.25 * 99 * 3 * math.sqrt(34)))
+    )
+    assert nhat == 4  # against 11 for the per-example gradients
+    assert (v, gnorm) == (pytest.approx(17.0), pytest.approx(math.sqrt(34)))  # logged in per-example units
+    # the squared norm is scale-free: both readings agree
+    assert variance_batch_size(gsum, gsq, 3, 100, 0.5, 2, "summand")[0] == 2
+    # Var(∇f_S) = V/n next to ‖g‖: equals "summand" for the unsquared norm ...
+    assert variance_batch_size(gsum, gsq, 3, 100, 0.5, 1, "batch_mean")[0] == 4
+    # ... and for the squared one n̂ = ceil(100·(17/3) / (17/3 + 0.25·99·34)) = 1
+    assert (
+        variance_batch_size(gsum, gsq, 3, 100, 0.5, 2, "batch_mean")[0]
+        == math.ceil(100 * (17 / 3) / (17 / 3 + 0.25 * 99 * 34))
+        == 1
+    )
+    with pytest.raises(ValueError, match="gradients"):
+        variance_batch_size(gsum, gsq, 3, 100, 0.5, gradients="batch")
+
+
 def test_batch_size_rule_cases():
     # n̂ average above n: jump (capped at n_max); maxiter scales by n_next/n (ceil)
     assert next_batch_size_rule(300, 150, [400, 420, 380, 410, 391], 1.0, 0.9, 6000) == (401, 201, "variance")

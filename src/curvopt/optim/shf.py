@@ -39,6 +39,7 @@ STEP_SPACES = ("scaled", "literal")
 WARM_STARTS = ("param", "y")
 PRECONDITIONERS = ("chapelle_erhan", "none")
 DAMPING_CENTERS = ("warm_start", "zero")
+VARIANCE_GRADIENTS = ("example", "summand", "batch_mean")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -62,12 +63,29 @@ def chapelle_erhan_precond(diag_estimate: Tensor, sqrt: bool = True) -> Tensor:
 
 
 def variance_batch_size(
-    grad_sum: Tensor, grad_sq_sum: Tensor, n: int, num_train: int, theta: float, power: int = 1
+    grad_sum: Tensor,
+    grad_sq_sum: Tensor,
+    n: int,
+    num_train: int,
+    theta: float,
+    power: int = 1,
+    gradients: str = "example",
 ) -> tuple[int, float, float]:
     """Byrd et al.'s variance test, the paper's Algorithm 2 (BatchSize).
 
     ``g = (1/n)Σ∇f_i``; ``V = ‖n/(n−1)[(1/n)Σ(∇f_i)² − g²]‖_1`` (sample variance, clamped at 0,
     summed over all parameters); ``n̂ = ceil(N·V / (V + θ²(N−1)‖g‖^power))``.
+
+    ``gradients`` picks what enters the formula in place of ``V`` and ``‖g‖``:
+
+    - ``"example"``: the per-example gradients ``∇f_i`` as printed (``V``, ``‖g‖``);
+    - ``"summand"``: the gradients of ``f_S``'s summands, ``h_i = (1/n)∇f_i`` (``f_S = Σ_i f_i/n``;
+      what per-row gradients of ``½‖R‖²`` with ``R = (net − X)/√n`` are): ``V/n²`` and ``‖g‖/n``,
+      so ``n̂ = ceil(N·V / (V + θ²(N−1)·n·‖g‖^power / n^(power−1)))``; for ``power=2`` this is
+      ``"example"`` again (the scale cancels);
+    - ``"batch_mean"``: Algorithm 2's ``Var(∇f_S)`` read as its name says, the variance of the
+      batch-mean gradient ``V/n`` (Eq. (12) without the finite-population factor), next to ``‖g‖``.
+      For ``power=1`` this equals ``"summand"``.
 
     Args:
         grad_sum: ``Σ_i ∇f_i`` over the batch (flat).
@@ -77,20 +95,38 @@ def variance_batch_size(
         theta: Tolerance θ of the test.
         power: ``1`` is the paper's literal (unsquared) norm, ``2`` Byrd et al.'s dimensionally
             consistent one.
+        gradients: ``"example"``, ``"summand"`` or ``"batch_mean"`` (above).
 
     Returns:
-        ``(n̂, V, ‖g‖)``; ``n̂ = n`` when ``n < 2`` or the denominator is not positive and finite.
+        ``(n̂, V, ‖g‖)`` with ``V`` and ``‖g‖`` in per-example units whatever ``gradients`` is;
+        ``n̂ = n`` when ``n < 2`` or the denominator is not positive and finite.
+
+    Example:
+        >>> import torch
+        >>> gsum, gsq = torch.tensor([2.0, 0.0]), torch.tensor([2.0, 2.0])  # ∇f_1=(1,1), ∇f_2=(1,-1)
+        >>> variance_batch_size(gsum, gsq, n=2, num_train=10, theta=0.5)  # V=2, ‖g‖=1
+        (5, 2.0, 1.0)
+        >>> variance_batch_size(gsum, gsq, n=2, num_train=10, theta=0.5, gradients="summand")[0]
+        4
     """
+    if gradients not in VARIANCE_GRADIENTS:
+        raise ValueError(f"gradients must be one of {VARIANCE_GRADIENTS}, got {gradients!r}")
     if n < 2:
         return n, 0.0, float(torch.linalg.vector_norm(grad_sum))
     g = grad_sum / n
     var = (grad_sq_sum / n - g * g).clamp_min_(0).mul_(n / (n - 1))
     v = float(var.sum())
     gnorm = float(torch.linalg.vector_norm(g))
-    denom = v + theta * theta * (num_train - 1) * gnorm**power
+    if gradients == "summand":  # h_i = ∇f_i/n: V_h = V/n², ‖mean h‖ = ‖g‖/n
+        v_s, g_s = v / n**2, gnorm / n
+    elif gradients == "batch_mean":  # Var(∇f_S) = V/n next to ‖g‖
+        v_s, g_s = v / n, gnorm
+    else:
+        v_s, g_s = v, gnorm
+    denom = v_s + theta * theta * (num_train - 1) * g_s**power
     if denom <= 0 or not math.isfinite(denom):
         return n, v, gnorm
-    return int(math.ceil(num_train * v / denom)), v, gnorm
+    return int(math.ceil(num_train * v_s / denom)), v, gnorm
 
 
 def next_batch_size_rule(
@@ -189,6 +225,12 @@ class SHF:
         return_best: LSMR returns its best-merit iterate instead of the last one.
         variance_norm_power: 1: the paper's unsquared ``‖∇f_S‖`` in the variance test; 2: Byrd et
             al.'s squared norm. Both n̂ are logged; this picks the one that drives n.
+        variance_gradients: What Algorithm 2 is applied to: ``"example"`` (the per-example
+            gradients ``∇f_i``, as printed), ``"summand"`` (``f_S``'s summands ``(1/n)∇f_i``) or
+            ``"batch_mean"`` (``Var(∇f_S) = V/n``, as Algorithm 2 names it); see
+            :func:`variance_batch_size`. ``n_hat`` (example, power 1), ``n_hat_sq`` (example,
+            power 2), ``n_hat_summand`` (power 1), ``n_hat_batch_mean_sq`` and the one used,
+            ``n_hat_used``, are logged every iteration.
         use_hand_written_gn: Use the cached Algorithms 4/5
             (:class:`~curvopt.curvature.mlp_gn.MLPGaussNewton`) when the model is a plain MLP;
             otherwise ``torch.func``.
@@ -235,6 +277,7 @@ class SHF:
         damping_center: str = "warm_start",
         return_best: bool = False,
         variance_norm_power: int = 1,
+        variance_gradients: str = "example",
         use_hand_written_gn: bool = True,
         merit: bool = True,
         val_max_examples: int | None = None,
@@ -251,6 +294,10 @@ class SHF:
             raise ValueError(f"damping_center must be one of {DAMPING_CENTERS}, got {damping_center!r}")
         if variance_norm_power not in (1, 2):
             raise ValueError("variance_norm_power must be 1 (paper) or 2 (Byrd et al.)")
+        if variance_gradients not in VARIANCE_GRADIENTS:
+            raise ValueError(
+                f"variance_gradients must be one of {VARIANCE_GRADIENTS}, got {variance_gradients!r}"
+            )
         if objective.loss_kind != "squared_error":
             raise ValueError("SHF-LSMR is a least-squares method: the model's loss must be squared_error")
         if data.train is None:
@@ -291,6 +338,7 @@ class SHF:
             damping_center=damping_center,
             return_best=return_best,
             variance_norm_power=variance_norm_power,
+            variance_gradients=variance_gradients,
             merit=merit and self.val is not None,
             eval_chunk=eval_chunk,
         )
@@ -542,7 +590,11 @@ class SHF:
         gsum, gsq = gn_new.batch_gradient_moments()
         nhat1, v_sum, gnorm = variance_batch_size(gsum, gsq, n, self.num_train, cfg["theta"], 1)
         nhat2, _, _ = variance_batch_size(gsum, gsq, n, self.num_train, cfg["theta"], 2)
-        nhat = nhat1 if cfg["variance_norm_power"] == 1 else nhat2
+        nhat_s, _, _ = variance_batch_size(gsum, gsq, n, self.num_train, cfg["theta"], 1, "summand")
+        nhat_m2, _, _ = variance_batch_size(gsum, gsq, n, self.num_train, cfg["theta"], 2, "batch_mean")
+        nhat = variance_batch_size(
+            gsum, gsq, n, self.num_train, cfg["theta"], cfg["variance_norm_power"], cfg["variance_gradients"]
+        )[0]
         self.nhat_hist.append(nhat)
         timers["variance_time"] = time.perf_counter() - t
 
@@ -589,6 +641,9 @@ class SHF:
             "grad_norm": float(torch.linalg.vector_norm(g)),
             "n_hat": nhat1,
             "n_hat_sq": nhat2,
+            "n_hat_summand": nhat_s,
+            "n_hat_batch_mean_sq": nhat_m2,
+            "n_hat_used": nhat,
             "variance": v_sum,
             "grad_norm_new": gnorm,
             "batch_rule": reason,

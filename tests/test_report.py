@@ -194,7 +194,7 @@ def _fig3_run(root: Path, sizes: list[int], n_max: int = 2000) -> None:
 
 def test_shf_fig3_a_jump_to_n_max_at_the_start_is_different(tmp_path: Path) -> None:
     """The paper claims gradual growth: 200 -> 2000 within the first 1 % of the run, then flat, is
-    non-decreasing and grows, yet it is not the paper's Figure 3 (docs/decisions.md SHF-27)."""
+    non-decreasing and grows, yet it is not the paper's Figure 3 (docs/decisions.md SHF-28)."""
     _fig3_run(tmp_path, [200] + [2000] * 99)
     res = statuses(tmp_path, SHF_ITEMS)["shf/fig3_usps"]
     assert res.status == core.DIFFERENT

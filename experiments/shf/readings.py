@@ -58,7 +58,7 @@ PROBE_STEP = 150  # every reading's test f is also compared at this outer iterat
 # The paper's SHF train f at its reported iterate (Table 2), the "equal training error" level.
 PAPER_TRAIN_F = {"usps": 0.999, "mnist": 0.627, "curves": 0.160}
 PAPER_TEST_F = {"usps": 1.947, "mnist": 2.084, "curves": 0.214}
-# Gradual growth (docs/decisions.md SHF-27): by 25 % of the run time the batch has made less than half
+# Gradual growth (docs/decisions.md SHF-28): by 25 % of the run time the batch has made less than half
 # of its growth, it grows by at least half of n_1, and its time average is at most half of n_max.
 GROWTH_EARLY_SHARE = 0.25
 GROWTH_MIN_FACTOR = 1.5

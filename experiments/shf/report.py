@@ -304,7 +304,7 @@ def shf_fig2(dataset: str) -> Callable[[Context], ItemResult]:
 def shf_fig3(dataset: str) -> Callable[[Context], ItemResult]:
     """The evaluator of Figure 3 for one dataset: SHF's mini-batch grows *gradually* over the run.
 
-    Judged on :func:`experiments.shf.readings.gradual_growth` (docs/decisions.md SHF-27): the batch
+    Judged on :func:`experiments.shf.readings.gradual_growth` (docs/decisions.md SHF-28): the batch
     never shrinks, grows to at least 1.5·n₁, has made less than half of its growth by 25 % of the
     run time, and its time average is at most half of n_max. A jump to n_max at t ≈ 0 reads
     ``different``.
@@ -364,7 +364,7 @@ def shf_fig3(dataset: str) -> Callable[[Context], ItemResult]:
                 "Claim (paper Section 4.3 and Section 6, Figure 3): the mini-batch starts small and grows "
                 "gradually 'throughout the progression of the algorithm', so that SHF 'uses significantly "
                 "less memory' than Martens' fixed batch.",
-                f"Judged on (docs/decisions.md SHF-27): never shrinks; grows to ≥ {GROWTH_MIN_FACTOR}·n_1; "
+                f"Judged on (docs/decisions.md SHF-28): never shrinks; grows to ≥ {GROWTH_MIN_FACTOR}·n_1; "
                 f"less than half of the growth done by {GROWTH_EARLY_SHARE:.0%} of the run time; time-averaged "
                 f"batch ≤ {GROWTH_MEAN_SHARE}·n_max. A jump to n_max at t ≈ 0 fails the last two.",
             ],

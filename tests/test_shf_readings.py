@@ -1,0 +1,121 @@
+"""experiments.shf.readings: each reading of the paper's ambiguous places, labelled from its recorded config
+and judged on the paper's claims (hand-made records)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from experiments.shf import readings
+
+
+def _run(
+    root: Path, run_id: str, method: str, opt: dict, rows: list[dict], best: dict, seed: int = 0
+) -> None:
+    run = root / "shf_fig2_usps" / run_id
+    run.mkdir(parents=True)
+    cfg = {
+        "profile": "paper",
+        "seed": seed,
+        "dataset": {"name": "usps", "num_train": 8000},
+        "optimizer": {"name": method, **opt},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {
+        "status": "completed",
+        "run_id": run_id,
+        "seed": seed,
+        "optimizer": method,
+        "best": {"step": 6, "metrics": best},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def _rows(train_f: list[float], test_f: list[float], batch: list[int] | None) -> list[dict]:
+    out = []
+    for i, (a, b) in enumerate(zip(train_f, test_f)):
+        row = {"step": i + 1, "algo_time_s": float(i + 1), "train/f": a, "test/f": b}
+        if batch is not None:
+            row.update(batch_size=batch[i], damping=1.0, rho=1.0, batch_rule="keep")
+        out.append(row)
+    return out
+
+
+def test_gradual_growth_checks_each_claim() -> None:
+    t = np.arange(1.0, 101.0)
+    jump = readings.gradual_growth(t, np.where(t < 2, 200.0, 2000.0), 2000)
+    assert jump["grows"] and not jump["not_front_loaded"] and not jump["small_on_average"] and not jump["ok"]
+    assert not readings.gradual_growth(t, np.full(100, 200.0), 2000)["ok"]  # never grows
+    assert not readings.gradual_growth(t, np.linspace(200, 280, 100), 2000)["grows"]  # +40 % < 1.5x
+    steady = readings.gradual_growth(t, np.linspace(200, 1500, 100), 2000)
+    assert steady["ok"] and steady["time_mean_batch"] == pytest.approx(850.0)
+    # front-loaded: 200 -> 1000 within the first 20 % of the time, then flat
+    front = np.minimum(200 + 40 * (t - 1), 1000.0)
+    assert not readings.gradual_growth(t, front, 2000)["not_front_loaded"]
+
+
+def test_reading_label_fills_flags_older_records_lack_with_the_constructor_default() -> None:
+    base = {"cfg.optimizer.damping_center": "warm_start", "cfg.model.code_activation": "sigmoid"}
+    # a record made before variance_gradients existed ran the constructor default ("example")
+    assert (
+        readings.reading_label({**base}, {**base, "cfg.optimizer.variance_gradients": "example"}, "shf_lsmr")
+        == "default"
+    )
+    run = {**base, "cfg.optimizer.variance_gradients": "summand", "cfg.model.code_activation": None}
+    assert readings.reading_label(run, base, "shf_lsmr") == "variance_gradients=summand, code_activation=None"
+
+
+def test_collect_and_table_from_records(tmp_path: Path) -> None:
+    n = 8
+    for s in (0, 1):  # default SHF: jumps to n_max at once; reaches train f <= 0.999 at step 6
+        _run(
+            tmp_path,
+            f"shf_lsmr_paper_s{s}",
+            "shf_lsmr",
+            {"max_batch_size": 2000, "variance_gradients": "example"},
+            _rows(
+                [5, 4, 3, 2, 1.5, 0.9, 0.8, 0.7],
+                [6, 5, 4, 3, 2.5, 2.0 + s / 10, 2.1, 2.2],
+                [200] + [2000] * (n - 1),
+            ),
+            {"train/f": 0.9, "test/f": 2.0 + s / 10},
+            seed=s,
+        )
+    _run(
+        tmp_path,
+        "hf_cg_paper_s0",
+        "hf_cg",
+        {},
+        _rows([3, 1, 0.5], [3, 1.8, 2.0], None),
+        {"train/f": 1.0, "test/f": 1.8},
+    )
+    audit = tmp_path / "shf_audit"
+    _run(
+        audit,
+        "shf_lsmr_paper_s0_summand",
+        "shf_lsmr",
+        {"max_batch_size": 2000, "variance_gradients": "summand"},
+        _rows(
+            [5, 4, 3.5, 3, 2.8, 2.7, 2.6, 2.5],
+            [6, 5, 4, 3.5, 3.2, 3.1, 3.0, 3.0],
+            [200, 220, 250, 280, 320, 360, 400, 440],
+        ),
+        {"train/f": 2.5, "test/f": 3.0},
+    )
+    runs = readings.collect(tmp_path, "usps")
+    assert set(runs["reading"]) == {"default", "variance_gradients=summand"}
+    table = readings.readings_table(runs, "usps").set_index(["method", "reading"])
+    d = table.loc[("shf_lsmr", "default")]
+    assert d["seeds"] == 2 and d["test_f_best_val"] == pytest.approx(2.05)
+    assert d["test_f_equal_train"] == pytest.approx(2.05)  # first iterate with train f <= 0.999
+    assert d["vs_hf_cg"] == pytest.approx(2.05 / 1.8) and d["vs_paper"] == pytest.approx(2.05 / 1.947 - 1)
+    assert d["gradual"] == "0/2" and d["share_before_peak"] == pytest.approx(2 / 8)
+    s = table.loc[("shf_lsmr", "variance_gradients=summand")]
+    assert s["gradual"] == "1/1" and s["peak_batch"] == 440 and np.isnan(s["test_f_equal_train"])
+    md = readings.to_markdown(readings.readings_table(runs, "usps"), "usps", "paper")
+    assert "| shf_lsmr | variance_gradients=summand | 1 | 3.000 |" in md

@@ -52,3 +52,8 @@ def test_with_8bit_adds_the_declared_dependencies(wheelhouse, tmp_path):
 def test_have_skips_a_package_the_target_already_has(wheelhouse, tmp_path):
     names, _ = _planned(wheelhouse, tmp_path, "--have", "hydra-core")
     assert "hydra-core" not in names and "omegaconf" in names
+
+
+def test_only_plans_just_those_packages_and_what_they_need(wheelhouse, tmp_path):
+    names, _ = _planned(wheelhouse, tmp_path, "--only", "hydra-core,omegaconf")
+    assert names == {"hydra-core", "omegaconf", "antlr4-python3-runtime"}  # PyYAML, packaging: present

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checklist of this repository, in stages short enough for a node you hold briefly
-# (docs/cluster.md, section 5). Run from the repository root on a CUDA machine:
+# (docs/cluster.md, section 6). Run from the repository root on a CUDA machine you keep a shell on;
+# for the one-command device calls of a lent GPU use tools/gpu_slice.sh (section 5):
 #
 #   bash tools/gpu_session.sh smoke            # every *_paper experiment a few steps (make gpu-smoke)
 #   bash tools/gpu_session.sh bench            # the GPU benchmarks -> results/benchmarks/cuda/
@@ -133,7 +134,7 @@ stage_pack() {
     log "unpack in the repository root: tar -xzf results.tgz"
 }
 
-[ $# -gt 0 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,20p' "$0"; exit 2; }
 ensure_deps
 while [ $# -gt 0 ]; do
     stage="$1"; shift

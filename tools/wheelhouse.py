@@ -7,6 +7,7 @@ and install from it with no index (docs/cluster.md):
     python tools/wheelhouse.py --python-version 3.11 --platform manylinux_2_17_x86_64 --dest wh311
     python tools/wheelhouse.py --with wandb --with submitit      # optional extras
     python tools/wheelhouse.py --have bitsandbytes --dry-run     # the target already has it
+    python tools/wheelhouse.py --only hydra-core,omegaconf --dest wheelhouse/gpu   # just these (+ deps)
     # on the node:
     pip install --no-index --no-deps --find-links wheelhouse -r wheelhouse/requirements.txt
 
@@ -245,6 +246,9 @@ def plan_roots(args: argparse.Namespace) -> tuple[list[tuple[str, str]], set[str
     optional = {_canon(n) for group in OPTIONAL.values() for n in group}
     wanted = {_canon(n) for g in args.with_ for n in OPTIONAL[g]}
     skip |= optional - wanted  # also as dependencies of what is downloaded
+    only = [_canon(n) for item in getattr(args, "only", []) for n in item.split(",") if n.strip()]
+    if only:  # just these (and what they need): tools/gpu_slice.py carries a slice's few wheels
+        return [(n, "--only") for n in only], skip - set(only)
     listed = requirement_names(Path(args.requirements))
     roots = [
         (n, "requirements.txt" if n in listed else "--with")
@@ -358,6 +362,14 @@ def main(argv: list[str] | None = None) -> dict:
         + ", ".join(f"{k} ({', '.join(v)})" for k, v in OPTIONAL.items()),
     )
     parser.add_argument("--add", action="append", default=[], metavar="NAME", help="an extra package")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="only these packages and their dependencies (same exclusions), not requirements.txt "
+        "(tools/gpu_slice.py: a GPU slice's wheels)",
+    )
     parser.add_argument(
         "--no-assume-present",
         dest="assume_present",

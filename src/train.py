@@ -4,7 +4,8 @@ python src/train.py experiment=mnist_autoencoder optimizer=adam trainer.max_step
 python src/train.py -m experiment=mnist_autoencoder optimizer=adam,heavy_ball optimizer.lr=1e-3,3e-3
 
 Exit codes (docs/resume.md): 0 completed, 1 failed (an error during the run), 2 bad input
-(stopped before training: config value, data file, run directory), 3 diverged, 130 / 143
+(stopped before training and before anything is written: config value such as run_id or seed, data
+file or content, a model that does not fit the data, checkpoint, run directory), 3 diverged, 130 / 143
 interrupted by SIGINT / SIGTERM (checkpoint written; resume with trainer.resume=true). A sweep
 (-m) stops at the first interrupted job; otherwise it runs every job and exits with the most
 severe code among them (failed, bad input, diverged).

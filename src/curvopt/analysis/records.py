@@ -12,6 +12,34 @@ import yaml
 from curvopt.analysis.pack import loose_run_dirs, packed_run_frame, read_packed_runs
 from curvopt.training.records import read_metrics
 
+# load_summaries' status of a run directory without summary.json (it is running, or was killed)
+RUNNING_OR_KILLED = "running_or_killed"
+
+
+class RecordError(ValueError):
+    """A run's record file exists but cannot be read (truncated, half-written, edited)."""
+
+
+def _read_record(path: Path, what: str) -> Any:
+    """``summary.json`` or ``config.yaml`` of a run, parsed; an unreadable one names itself."""
+    try:
+        text = path.read_text()
+        value = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise RecordError(
+            f"{path} is not valid ({type(err).__name__}: {first}): the run directory {path.parent} holds "
+            f"a truncated or half-written {path.name}, so its {what} is missing. Run it again "
+            f"(trainer.resume=true or trainer.restart=true), or delete {path.name} "
+            + ("to list the run as running or killed" if path.suffix == ".json" else "and rerun it")
+        ) from err
+    if not isinstance(value, dict):
+        raise RecordError(
+            f"{path} holds {type(value).__name__}, not a mapping: the run directory {path.parent} has no "
+            f"{what}. Run it again (trainer.resume=true or trainer.restart=true)"
+        )
+    return value
+
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
@@ -70,7 +98,7 @@ def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:
     """One row per run: summary fields plus the resolved config.
 
     Reads the packed layout (``runs.jsonl``) and loose run directories alike. A run without a
-    summary gets ``status = "running_or_killed"``.
+    summary gets ``status = "running_or_killed"`` (:data:`RUNNING_OR_KILLED`).
 
     Args:
         results_dir: The results root.
@@ -79,6 +107,10 @@ def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:
     Returns:
         Summary fields flattened (e.g. ``best.metrics.test/E_sq``), the config flattened under
         ``cfg.`` (e.g. ``cfg.optimizer.lr``), ``run_dir`` and ``run_id``.
+
+    Raises:
+        RecordError: A ``summary.json`` or ``config.yaml`` that cannot be parsed (truncated,
+            half-written); the message names the file and its run directory.
     """
     rows = []
     for run, entry in _runs(results_dir, experiment):
@@ -87,12 +119,16 @@ def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:
             summary, config = entry.get("summary"), entry.get("config")
         else:
             summary_path, config_path = run / "summary.json", run / "config.yaml"
-            summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-            config = yaml.safe_load(config_path.read_text()) if config_path.exists() else None
+            summary = (
+                _read_record(summary_path, "summary (status, steps, results)")
+                if summary_path.exists()
+                else None
+            )
+            config = _read_record(config_path, "config") if config_path.exists() else None
         if summary is not None:
             _flatten("", summary, row)
         else:
-            row["status"] = "running_or_killed"
+            row["status"] = RUNNING_OR_KILLED
         if config is not None:
             _flatten("cfg", config, row)
         rows.append(row)

@@ -8,7 +8,9 @@ scaled to [0, 1] (``/255``), nothing else.
 
 Split (Table 1, "train - test - val" = 8000 - 2000 - 1000; the paper does not say how;
 docs/decisions.md, SHF-11): one seeded permutation of the 11,000 images, cut into 8,000
-train, then 1,000 validation, then 2,000 test.
+train, then 1,000 validation, then 2,000 test. The split is always a permutation: the ``.mat`` is
+sorted by digit, so cutting it in file order would give whole digits to one split
+(``split_seed=None`` is therefore read as ``split_seed=0``, with a warning).
 
 Fallback ``usps.h5`` (ESL / Hastie et al., 7,291 + 2,007 deslanted images in [-1, 1] stored as
 ``(x+1)/2``): a *different* preprocessing of fewer images, used only when the ``.mat`` is absent
@@ -129,7 +131,9 @@ def load_usps(
         num_train: Training images (shrunk with a warning if the ESL file has too few).
         num_val: Validation images (0: no validation split).
         num_test: Test images (0: no test split).
-        split_seed: Seed of the split permutation (``None``: file order).
+        split_seed: Seed of the split permutation. ``None`` (file order in other loaders) means
+            ``0`` here, with a warning: the file is sorted by digit, so file order would hand
+            whole digits to one split.
         source: ``"auto"`` (Roweis' ``.mat``, else the ESL ``.h5``), ``"roweis"`` or ``"esl"``.
         target: ``"image"`` (y = x, the autoencoder) or ``"label"`` (digit classes).
         dtype: Dtype of the pixel tensors.
@@ -185,6 +189,12 @@ def load_usps(
             shrunk,
         )
         num_train = shrunk
+    if split_seed is None:
+        log.warning(
+            "USPS: split_seed=null would cut the splits in file order, which is sorted by digit (whole "
+            "digits in one split); using the seeded permutation split_seed=0 instead"
+        )
+        split_seed = 0
     tr, va, te = split_indices(total, [num_train, num_val, num_test], split_seed)
     x = torch.from_numpy(x_all).to(dtype)
     y = torch.from_numpy(labels)

@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from curvopt.analysis.records import load_summaries
+from curvopt.analysis.records import RUNNING_OR_KILLED, load_summaries
 
 REPRODUCED = "reproduced"
 QUALITATIVE = "qualitatively reproduced"
@@ -206,6 +206,11 @@ def _column(frame: pd.DataFrame, *names: str) -> pd.Series:
 def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
     """Where "ours" comes from, in one line: ``profile quick; device cpu; seeds 0,1,2 (6 runs)``.
 
+    Runs without a ``summary.json`` (running, or killed) are not counted: they are named after
+    the count (``running or killed, not counted (no summary.json): <run ids>``). They are those
+    rows of ``summaries`` and the runs of the same experiment directories (from ``run_dir``) at
+    the same profiles, so that a run the evaluator dropped is not silently missing.
+
     Args:
         summaries: Run summaries (e.g. from :func:`finished_summaries`); the profile, device and
             seed are read from ``cfg.profile``/``profile``, ``device_name``/``device`` (else
@@ -217,7 +222,17 @@ def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
     """
     if summaries is None or summaries.empty:
         return "n/a"
+    status = _column(summaries, "status")
+    open_rows = summaries[status == RUNNING_OR_KILLED]
+    summaries = summaries[status != RUNNING_OR_KILLED]
     profiles = sorted({str(p) for p in _column(summaries, "cfg.profile", "profile").dropna()})
+    open_runs = sorted(
+        set(_column(open_rows, "run_id").dropna().astype(str)) | _open_runs(summaries, profiles)
+    )
+    if summaries.empty:
+        return "n/a" + (
+            f"; running or killed, not counted (no summary.json): {', '.join(open_runs)}" if open_runs else ""
+        )
     devices = sorted({str(d) for d in _column(summaries, "device_name", "device").dropna()})
     if not devices:
         devices = sorted({str(d) for d in _column(summaries, "cfg.trainer.device").dropna()})
@@ -226,7 +241,27 @@ def provenance(summaries: pd.DataFrame, extra: str = "") -> str:
         f"profile {', '.join(profiles) or '?'}; device {', '.join(devices) or '?'}; "
         f"seeds {','.join(map(str, seeds)) or '?'} ({len(summaries)} run{'s' if len(summaries) != 1 else ''})"
     )
+    if open_runs:
+        text += f"; running or killed, not counted (no summary.json): {', '.join(open_runs)}"
     return text + (f"; {extra}" if extra else "")
+
+
+def _open_runs(summaries: pd.DataFrame, profiles: list[str]) -> set[str]:
+    """Run ids without a summary in the experiment directories of ``summaries`` (at ``profiles``)."""
+    if "run_dir" not in summaries:
+        return set()
+    found: set[str] = set()
+    for root in sorted({Path(str(d)).parent for d in summaries["run_dir"].dropna()}):
+        sums = load_summaries(root.parent, root.name)
+        if sums.empty or "status" not in sums:
+            continue
+        rows = sums[sums["status"] == RUNNING_OR_KILLED]
+        for _, row in rows.iterrows():
+            profile = row.get("cfg.profile")
+            if profiles and isinstance(profile, str) and profile not in profiles:
+                continue
+            found.add(str(row["run_id"]))
+    return found
 
 
 def existing_figures(results: Path, patterns: Iterable[str]) -> list[Path]:

@@ -5,6 +5,7 @@ Kept apart from ``src/train.py`` so tests and drivers can run a config without t
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -21,8 +22,9 @@ import torch
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from curvopt.errors import BadInputError, ConfigError, exit_code
-from curvopt.objective import Objective
+from curvopt.data.common import CorruptDataError
+from curvopt.errors import BadInputError, ConfigError, CorruptCheckpointError, exit_code
+from curvopt.objective import Objective, mean_loss
 from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
 from curvopt.training.distributed import (
     SINGLE,
@@ -34,11 +36,15 @@ from curvopt.training.distributed import (
     init_distributed,
     wrap_ddp,
 )
-from curvopt.training.loop import LoopConfig, Trainer, as_bool
+from curvopt.training.loop import CHECKPOINT_NAME, LoopConfig, Trainer, as_bool, verify_checkpoint
 from curvopt.training.records import RunLock, atomic_write_text, environment_info, git_commit
 from curvopt.training.rundir import (
     CommandLine,
+    _flatten,
+    check_name,
     check_run_dir,
+    config_edits,
+    load_saved_config,
     move_records_aside,
     resume_config,
     save_command_line,
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 # Keys of an optimizer config that describe the run, not the constructor.
 RESERVED_OPTIMIZER_KEYS = ("name", "grad_clip_value", "scheduler")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+MAX_SEED = 2**32 - 1  # NumPy's seed range
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
@@ -148,7 +155,124 @@ def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> Dat
         return x, y
 
     data.train, data.val, data.test = move(data.train), move(data.val), move(data.test)
+    check_data(data, str(cfg.dataset.get("name")))
     return data
+
+
+def check_data(data: DataBundle, name: str) -> None:
+    """Refuse data a run cannot train on; drop evaluation splits with no rows.
+
+    Args:
+        data: The loaded splits (changed in place: an empty ``val``/``test`` becomes ``None``, so
+            that it is not evaluated as a loss of 0).
+        name: The dataset's name, for the messages.
+
+    Raises:
+        ConfigError: The training split has no rows.
+        CorruptDataError: A split holds NaN or inf values (inputs or targets).
+    """
+    if data.train is not None and int(data.train[0].shape[0]) < 1:
+        raise ConfigError(
+            f"dataset={name}: the training split is empty (dataset.num_train=0?); give dataset.num_train >= 1"
+        )
+    for split in ("val", "test"):
+        pair = getattr(data, split)
+        if pair is not None and int(pair[0].shape[0]) == 0:
+            setattr(data, split, None)
+    for split in ("train", "val", "test"):
+        pair = getattr(data, split)
+        if pair is None:
+            continue
+        for what, t in zip(("inputs", "targets"), pair):
+            if not t.dtype.is_floating_point or t.numel() == 0:
+                continue
+            rows = max(1, (1 << 24) // max(1, t[0].numel()))  # at most ~16M values at a time
+            bad = sum(int((~torch.isfinite(chunk)).sum()) for chunk in t.split(rows))
+            if bad:
+                raise CorruptDataError(
+                    f"dataset={name}: the {split} split's {what} hold {bad} NaN or inf value(s) "
+                    f"(of {t.numel()}); training on them can only diverge. Check or re-create the data "
+                    "files (and the loader's preprocessing) before running"
+                )
+
+
+def check_monitor(data: DataBundle, monitor: str, name: str) -> None:
+    """Refuse a ``trainer.monitor`` whose split the data do not have.
+
+    Args:
+        data: The loaded splits (after :func:`check_data`).
+        monitor: ``trainer.monitor`` (``<split>/<metric>``).
+        name: The dataset's name, for the message.
+
+    Raises:
+        ConfigError: The monitored split is absent or empty: ``best`` and ``patience_evals`` would
+            have nothing (or a loss of 0 over no rows) to go by.
+    """
+    split = monitor.split("/", 1)[0]
+    if split not in ("train", "val", "test") or getattr(data, split) is not None:
+        return
+    if split == "train" and data.train_stream is not None:
+        return
+    have = [s for s in ("val", "test", "train") if getattr(data, s) is not None]
+    metric = monitor.split("/", 1)[1] if "/" in monitor else "loss"
+    raise ConfigError(
+        f"trainer.monitor={monitor} but dataset={name} has no {split} split"
+        + (" (dataset.num_val=0?)" if split == "val" else "")
+        + "; give it one"
+        + (" (dataset.num_val >= 1)" if split == "val" else "")
+        + (f", or monitor a split it has (trainer.monitor={have[0]}/{metric})" if have else "")
+    )
+
+
+def check_model_fits_data(objective: Objective, data: DataBundle, model_target: str, name: str) -> None:
+    """One forward pass and loss on two examples: the model must take the data's inputs and targets.
+
+    Runs in eval mode without gradients, and leaves every module's mode and torch's RNG as they
+    were, so the run is unchanged. Outputs must have the targets' shape (squared error, sigmoid
+    BCE); for cross-entropy the largest label must be below the number of outputs.
+
+    Args:
+        objective: The model and its loss.
+        data: The loaded splits.
+        model_target: ``model._target_``, for the message.
+        name: The dataset's name, for the message.
+
+    Raises:
+        ConfigError: Naming both sides and what does not fit.
+    """
+    pairs = [p for p in (data.train, data.val, data.test) if p is not None]
+    if not pairs:
+        return
+    x, y = pairs[0][0][:2], pairs[0][1][:2]
+    model = objective.model
+    modes = [(m, m.training) for m in model.modules()]  # a frozen part may be in eval mode on purpose
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        model.eval()
+        with torch.no_grad():
+            out = model(x)
+            if objective.loss_kind != "cross_entropy" and tuple(out.shape) != tuple(y.shape):
+                raise ValueError(f"the model's outputs are {tuple(out.shape[1:])} per example")
+            if objective.loss_kind == "cross_entropy" and not y.dtype.is_floating_point:
+                top = max((int(p[1].max()) for p in pairs if p[1].numel()), default=-1)
+                if top >= out.shape[-1] and top != objective.ignore_index:
+                    raise ValueError(f"labels go up to {top} but the model has {out.shape[-1]} outputs")
+            mean_loss(out, y, objective.loss_kind, objective.ignore_index)
+    except (RuntimeError, ValueError, IndexError, TypeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+        raise ConfigError(
+            f"model ({model_target}) does not fit dataset={name} (inputs {tuple(x.shape[1:])} "
+            f"{str(x.dtype).replace('torch.', '')}, targets {tuple(y.shape[1:])} "
+            f"{str(y.dtype).replace('torch.', '')}): {first}. Choose a model for this dataset, or the "
+            "dataset the experiment was made for"
+        ) from err
+    finally:
+        for module, training in modes:
+            module.training = training
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
@@ -413,6 +537,11 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
     seed = cfg.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"seed={seed!r}: expected a non-negative whole number")
+    if seed > MAX_SEED:
+        raise ConfigError(f"seed={seed}: must be at most {MAX_SEED} (2**32-1, the largest seed NumPy takes)")
+    check_name("experiment_name", cfg.get("experiment_name"))
+    if cfg.get("run_id"):
+        check_name("run_id", cfg.run_id)
     check_trainer(cfg.trainer)
     check_optimizer_values(cfg.optimizer)
     tcfg = cfg.trainer
@@ -429,7 +558,8 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
 
 def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dict[str, Any]:
     tcfg = cfg.trainer
-    run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / make_run_id(cfg, dist)
+    run_id = check_name("run_id", make_run_id(cfg, dist))  # a generated id too (optimizer.name)
+    run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / run_id
     # the saved config.yaml names its run, generated id included, so `run_id=<id> trainer.resume=true`
     # resumes it like a named run
     cfg.run_id = run_dir.name
@@ -437,6 +567,7 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
         bool(tcfg.get("resume", trainer_default("resume"))),
         bool(tcfg.get("restart", trainer_default("restart"))),
     )
+    allow_change = bool(tcfg.get("allow_config_change", trainer_default("allow_config_change")))
     # the topmost directory this run creates (removed again if it stops before training)
     created = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     lock = RunLock(run_dir)
@@ -448,17 +579,29 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
         else:
             mode = "resume" if resume else "new"
         plan = None
+        recorded: str | None = None
+        edits: list[tuple[str, str]] = []
+        trained_with: dict[str, Any] | None = None  # the config the checkpoint was trained with
+        if mode == "resume":
+            if dist.is_main:  # before anything is loaded: a damaged checkpoint is refused at once
+                verify_checkpoint(run_dir / CHECKPOINT_NAME)
+            recorded = checkpoint_config(run_dir / CHECKPOINT_NAME)
         if mode == "resume" and (run_dir / "config.yaml").exists():
-            saved = OmegaConf.load(run_dir / "config.yaml")
+            saved = load_saved_config(run_dir / "config.yaml")
             if saved.get("run_id") is None:  # saved before run ids were recorded: the directory's name
                 saved.run_id = run_dir.name
-            plan = resume_config(
-                saved,
-                cfg,
-                cli,
-                _saved_choices(run_dir),
-                allow_change=bool(tcfg.get("allow_config_change", trainer_default("allow_config_change"))),
-            )
+            edits = config_edits(recorded, saved, cfg)
+            if edits and not allow_change:
+                listed = "\n".join(f"  {line}" for _, line in edits)
+                raise ConfigError(
+                    f"{run_dir / 'config.yaml'} differs from the config its checkpoint was trained with "
+                    f"(edited after the checkpoint was written):\n{listed}\n"
+                    "Undo the edit to continue the run as it was, pass trainer.allow_config_change=true to "
+                    "continue with the edited values (the records then mix two configs), or start a new run "
+                    "(another run_id, or trainer.restart=true)."
+                )
+            trained_with = _container(OmegaConf.create(recorded) if recorded is not None else saved)
+            plan = resume_config(saved, cfg, cli, _saved_choices(run_dir), allow_change=allow_change)
             cfg = plan.config
             tcfg = cfg.trainer
         loop_cfg = check_trainer(tcfg)
@@ -476,9 +619,14 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
         if tcfg.get("num_threads"):
             torch.set_num_threads(int(tcfg.num_threads))
         parts = _build_parts(cfg, dist, device, dtype)  # data, model, algorithm: fail before training
+        reapply = None
+        if trained_with is not None:
+            changed = changed_optimizer_keys(trained_with, _container(cfg))
+            if changed:
+                reapply = hyperparameter_reapplier(parts[2], changed, str(cfg.optimizer.get("name")))
 
         def start_records() -> None:
-            """Called once everything is built, right before training: the first writes."""
+            """Called once everything is built and checked, right before training: the first writes."""
             nonlocal started
             started = True
             if not dist.is_main:
@@ -491,15 +639,145 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
                     log.info("resume takes the new budget / checkpointing value: %s", line)
                 for line in plan.changed:
                     log.warning("resume changes the run's config (trainer.allow_config_change): %s", line)
+            for _, line in edits:
+                log.warning(
+                    "resume continues with the edited config.yaml (trainer.allow_config_change): %s", line
+                )
             atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
             if mode != "resume":
                 save_command_line(run_dir, cli)
 
-        return _train_parts(cfg, dist, device, run_dir, loop_cfg, parts, mode == "resume", start_records)
+        return _train_parts(
+            cfg, dist, device, run_dir, loop_cfg, parts, mode == "resume", start_records, reapply
+        )
     finally:
         lock.release()
         if not started and created is not None:
             _remove_empty(run_dir, created)  # a run that stopped before training leaves no directory
+
+
+def _container(cfg: DictConfig) -> dict[str, Any]:
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def checkpoint_config(path: Path) -> str | None:
+    """The config text a checkpoint records (``config_yaml``), read without loading its tensors.
+
+    Args:
+        path: The checkpoint.
+
+    Returns:
+        The text; ``None`` for a checkpoint written before configs were recorded.
+
+    Raises:
+        CorruptCheckpointError: The file cannot be read.
+    """
+    try:
+        try:  # tensors mapped, not read: cheap for any size
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        except Exception:  # a format mmap cannot read (torch's legacy one): read it
+            state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated / not a torch file
+        raise CorruptCheckpointError(
+            f"{path} cannot be read ({type(err).__name__}: {err}); it is truncated or corrupt. "
+            "Restore it, or start the run again with trainer.restart=true"
+        ) from err
+    text = state.get("config_yaml") if isinstance(state, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def changed_optimizer_keys(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``optimizer.*`` keys whose value differs between two configs (present in both, or removed).
+
+    Keys only ``now`` has (added to the configs since) do not count: their default applies.
+
+    Args:
+        then: The config the checkpoint was trained with.
+        now: The config the resumed run continues with.
+
+    Returns:
+        The differing keys, sorted.
+    """
+    old = _flatten(then.get("optimizer") or {}, "optimizer.")
+    new = _flatten(now.get("optimizer") or {}, "optimizer.")
+    return sorted(
+        k for k in old if k != "optimizer.name" and (k not in new or not _same_value(new[k], old[k]))
+    )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def hyperparameter_reapplier(
+    algorithm: Algorithm, keys: list[str], optimizer_name: str
+) -> Callable[[], list[str]]:
+    """What puts changed optimizer settings back after a resume loads the optimizer state.
+
+    ``optimizer.load_state_dict`` restores the param groups' saved hyper-parameters (``lr``,
+    ``momentum``, ``betas``, ...): a resume that changes them (``trainer.allow_config_change``, or
+    an edited ``config.yaml``) would log the new values and train with the old ones. The values
+    the optimizer was just built with (from the changed config) are kept here and written back
+    into its param groups after the load. Changes that cannot be applied that way are refused:
+    settings of an algorithm that keeps its own state (SHF, HF-CG, K-FAC, ...), settings that are
+    no param-group key, and any change under an lr scheduler (whose state is restored too).
+
+    Args:
+        algorithm: The freshly built algorithm.
+        keys: The changed ``optimizer.*`` keys (:func:`changed_optimizer_keys`).
+        optimizer_name: ``optimizer.name``, for the message.
+
+    Returns:
+        A function that re-applies the values and returns ``"param group i: key old -> new"`` lines.
+
+    Raises:
+        ConfigError: A key cannot be applied to the resumed state; the message lists them.
+    """
+    if isinstance(algorithm, TorchOptimizerAlgorithm):
+        optimizers, scheduler, own = [algorithm.optimizer], algorithm.scheduler, ("grad_clip_value",)
+    else:  # an Algorithm of its own; a torch optimizer inside it (FOSI) is re-applied the same way
+        optimizers = [v for v in vars(algorithm).values() if isinstance(v, torch.optim.Optimizer)]
+        scheduler, own = None, ()
+    group_keys = {k for opt in optimizers for g in opt.param_groups for k in g if k != "params"}
+    whole = any(k == "optimizer._target_" for k in keys)  # another optimizer: all its settings
+    leaves, refused = set(group_keys) if whole else set(), []
+    for key in keys:
+        leaf = key.split(".", 1)[1]
+        if leaf in own or leaf == "_target_":
+            continue  # an attribute of the wrapper (not in the saved state), or covered by `whole`
+        if scheduler is not None or leaf.startswith("scheduler"):
+            refused.append(f"{key} (the lr scheduler's state is restored from the checkpoint)")
+        elif not optimizers:
+            refused.append(f"{key} (optimizer={optimizer_name} restores its own state from the checkpoint)")
+        elif leaf not in group_keys:
+            refused.append(f"{key} (not a param-group setting the resumed optimizer can take back)")
+        else:
+            leaves.add(leaf)
+    if refused:
+        raise ConfigError(
+            "this resume changes optimizer settings that the checkpoint's state would silently override "
+            "(the records would show values the run does not train with): "
+            + "; ".join(refused)
+            + ". Drop the change to continue the run as it was, or start a new run with it (another "
+            "run_id, or trainer.restart=true)."
+        )
+    fresh = [
+        [{k: copy.deepcopy(g[k]) for k in leaves if k in g} for g in opt.param_groups] for opt in optimizers
+    ]
+
+    def reapply() -> list[str]:
+        lines = []
+        for opt, groups in zip(optimizers, fresh):
+            for i, (group, values) in enumerate(zip(opt.param_groups, groups)):
+                for k, v in values.items():
+                    if group.get(k) != v:
+                        lines.append(f"param group {i}: {k} {group.get(k)!r} -> {v!r}")
+                        group[k] = copy.deepcopy(v)
+        return lines
+
+    return reapply
 
 
 def _remove_empty(path: Path, top: Path) -> None:
@@ -517,7 +795,7 @@ def _saved_choices(run_dir: Path) -> dict[str, str] | None:
     path = run_dir / "overrides.yaml"
     if not path.exists():
         return None
-    saved = OmegaConf.to_container(OmegaConf.load(path))
+    saved = OmegaConf.to_container(load_saved_config(path))
     return dict(saved.get("choices") or {}) if isinstance(saved, dict) else None
 
 
@@ -531,6 +809,7 @@ def _build_parts(
         if isinstance(err, BadInputError):
             raise
         raise ConfigError(f"dataset={cfg.dataset.get('name')}: {err}") from err
+    check_monitor(data, str(tcfg.get("monitor", trainer_default("monitor"))), str(cfg.dataset.get("name")))
     try:
         model, loss = build_model(cfg, dtype, device)
     except (ValueError, TypeError, RuntimeError) as err:  # RuntimeError: torch on impossible shapes
@@ -538,6 +817,7 @@ def _build_parts(
             raise
         raise ConfigError(f"model ({cfg.model.get('_target_')}): {err}") from err
     objective = Objective(model, loss)
+    check_model_fits_data(objective, data, str(cfg.model.get("_target_")), str(cfg.dataset.get("name")))
     micro = tcfg.get("micro_batch_size")
     try:
         algorithm = build_algorithm(
@@ -563,6 +843,7 @@ def _train_parts(
     parts: tuple[DataBundle, Objective, Algorithm, int | None],
     resume: bool,
     start_records: Callable[[], None],
+    reapply: Callable[[], list[str]] | None = None,
 ) -> dict[str, Any]:
     tcfg = cfg.trainer
     data, objective, algorithm, micro = parts
@@ -610,9 +891,18 @@ def _train_parts(
         extra,
         tracker_every=int(lcfg.get("log_every", 1)),
         dist=dist,
+        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # what start_records writes
     )
+    trainer.reapply_hyperparameters = reapply
     summary: dict[str, Any] = {"status": "failed"}
     try:
+        if resume:  # before any record is touched: a checkpoint that does not fit changes nothing
+            try:
+                trainer.load_checkpoint(verify=False)  # verified by _run (rank 0) already
+            except BaseException:
+                if trainer.stream is not None:
+                    trainer.stream.close()
+                raise
         start_records()
         summary = trainer.run(resume=resume)
     finally:

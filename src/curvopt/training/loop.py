@@ -22,6 +22,7 @@ ranks so every rank takes the same decisions, and only rank 0 writes records and
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ import resource
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle
 from curvopt.training.distributed import SINGLE, DistInfo, all_reduce, gather_objects, shard_slice
 from curvopt.training.evaluation import evaluate_split
-from curvopt.training.records import RunRecorder
+from curvopt.training.records import RunRecorder, atomic_write_text
 from curvopt.training.sampler import SAMPLING_MODES, BatchSampler, shard
 from curvopt.training.schema import trainer_default as _default
 from curvopt.training.tracking import NullTracker
@@ -50,6 +52,8 @@ from curvopt.training.tracking import NullTracker
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+# SHA-256 of checkpoint.pt, in `sha256sum` format (`sha256sum -c checkpoint.pt.sha256` checks it)
+CHECKSUM_NAME = CHECKPOINT_NAME + ".sha256"
 TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes", "tokens_per_s")
 
 
@@ -372,6 +376,77 @@ class StopSignals:
         self._previous.clear()
 
 
+class _HashingWriter:
+    """A write-only file wrapper that hashes what passes through (the checkpoint's SHA-256)."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The hex digest.
+    """
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(path: Path) -> bool:
+    """Check ``checkpoint.pt`` against the SHA-256 in ``checkpoint.pt.sha256`` beside it.
+
+    A checkpoint without that file (written before checksums were recorded, or by a process
+    that died between the two writes) is accepted with a logged warning.
+
+    Args:
+        path: The checkpoint.
+
+    Returns:
+        ``True`` when the checksum was verified, ``False`` when there is none.
+
+    Raises:
+        CorruptCheckpointError: The checksum file is unreadable or does not match; the message
+            names the checkpoint and says how to go on.
+    """
+    path = Path(path)
+    side = path.with_name(path.name + ".sha256")
+    if not side.exists():
+        log.warning("%s has no %s (an older checkpoint): resuming without a checksum check", path, side.name)
+        return False
+    try:
+        expected = side.read_text().split()[0].lower()
+    except (OSError, UnicodeDecodeError, IndexError):
+        expected = ""
+    if len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected):
+        raise CorruptCheckpointError(
+            f"{side} does not hold a SHA-256 checksum, so {path} cannot be verified; restore both "
+            "files, or start the run again with trainer.restart=true (the old records are moved aside)"
+        )
+    actual = file_sha256(path)
+    if actual != expected:
+        raise CorruptCheckpointError(
+            f"{path} does not match its checksum in {side.name} (sha256 {actual[:12]}..., recorded "
+            f"{expected[:12]}...): the file was changed or damaged after it was written. Restore it from "
+            "a copy, or start the run again with trainer.restart=true (the old records are moved aside)"
+        )
+    return True
+
+
 class CheckpointWriteError(RuntimeError):
     """``checkpoint.pt`` could not be written (full disk, permissions); the previous one is intact."""
 
@@ -404,6 +479,13 @@ class Trainer:
         summary_extra: Extra entries for ``summary.json``.
         tracker_every: Send every this many steps' rows to the tracker (evaluation rows always).
         dist: This process's place in the process group (:data:`SINGLE` without torchrun).
+        config_yaml: The run's ``config.yaml`` text, recorded in every checkpoint so that a resume
+            can tell a hand-edited ``config.yaml`` (:func:`curvopt.training.rundir.config_edits`).
+
+    Attributes:
+        reapply_hyperparameters: Called right after the optimizer state is loaded on resume (it
+            restores the param groups' saved hyper-parameters): puts the configured ones back when
+            the resume changed them (``trainer.allow_config_change``); returns what it changed.
     """
 
     def __init__(
@@ -419,6 +501,7 @@ class Trainer:
         summary_extra: dict[str, Any] | None = None,
         tracker_every: int = 1,
         dist: DistInfo = SINGLE,
+        config_yaml: str | None = None,
     ) -> None:
         self.objective = objective
         self.algorithm = algorithm
@@ -449,6 +532,9 @@ class Trainer:
         self.checkpoint_step: int | None = None  # step of the checkpoint on disk (resumable from)
         self.checkpoint_error: str | None = None
         self.error: str | None = None
+        self.config_yaml = config_yaml
+        self.reapply_hyperparameters: Callable[[], list[str]] | None = None
+        self._restored = False  # load_checkpoint() ran (before the records were touched)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _checkpoint_state(self) -> dict[str, Any]:
@@ -470,12 +556,16 @@ class Trainer:
             "best": self.best,
             "evals_since_best": self.evals_since_best,
             "last_eval": self.last_eval,
+            "config_yaml": self.config_yaml,
         }
 
     def save_checkpoint(self) -> None:
-        """Write ``checkpoint.pt`` atomically (a temporary file, fsync, rename).
+        """Write ``checkpoint.pt`` atomically (a temporary file, fsync, rename), then its checksum.
 
         A crash or a full disk leaves the previous checkpoint intact and no partial file behind.
+        ``checkpoint.pt.sha256`` (its SHA-256, hashed while it is written) is removed before the
+        rename and written atomically after it, so it never describes another file: a crash in
+        between leaves a checkpoint without a checksum (accepted with a warning on resume).
         Under DDP every rank must call it (the stream positions are gathered); only rank 0
         writes.
 
@@ -486,12 +576,15 @@ class Trainer:
         if not self.dist.is_main:
             return
         path = self.run_dir / CHECKPOINT_NAME
+        side = self.run_dir / CHECKSUM_NAME
         tmp = path.with_suffix(".tmp")
         try:
             with tmp.open("wb") as fh:
-                torch.save(state, fh)
+                writer = _HashingWriter(fh)
+                torch.save(state, writer)
                 fh.flush()
                 os.fsync(fh.fileno())
+            side.unlink(missing_ok=True)
             os.replace(tmp, path)
         except BaseException as err:
             tmp.unlink(missing_ok=True)
@@ -503,6 +596,10 @@ class Trainer:
             raise
         self._last_checkpoint = time.perf_counter()
         self.checkpoint_step = self.step
+        try:
+            atomic_write_text(side, f"{writer.sha256.hexdigest()}  {CHECKPOINT_NAME}\n")
+        except OSError as err:  # the checkpoint itself is written: resumable, without a check
+            log.warning("could not write %s (%s); the checkpoint is kept without a checksum", side, err)
 
     def _try_checkpoint(self) -> None:
         """A checkpoint whose failure is recorded (summary ``checkpoint_error``), not fatal."""
@@ -544,15 +641,20 @@ class Trainer:
         """Passes over the training set so far (the sampler's or the stream's count)."""
         return self.stream.epoch if self.stream is not None else self.sampler.epoch
 
-    def load_checkpoint(self) -> int:
+    def load_checkpoint(self, verify: bool = True) -> int:
         """Restore model, algorithm, sampler/stream, RNG states, timers and best from ``checkpoint.pt``.
+
+        Args:
+            verify: Check the checkpoint against ``checkpoint.pt.sha256`` first
+                (:func:`verify_checkpoint`); ``False`` when the caller has just done so.
 
         Returns:
             The checkpointed step.
 
         Raises:
             NoCheckpointError: If there is no checkpoint.
-            CorruptCheckpointError: If it cannot be read or does not fit the model/optimizer.
+            CorruptCheckpointError: If it does not match its checksum, cannot be read or does not
+                fit the model/optimizer.
             ValueError: If a streaming run is resumed with a different number of ranks.
         """
         path = self.run_dir / CHECKPOINT_NAME
@@ -561,6 +663,8 @@ class Trainer:
                 f"trainer.resume=true but there is no checkpoint at {path}; "
                 "run without resume, or set trainer.checkpoint_every > 0 so runs leave checkpoints"
             )
+        if verify:
+            verify_checkpoint(path)
         try:
             state = torch.load(path, map_location=self.device, weights_only=False)
         except Exception as err:  # truncated / not a torch file
@@ -576,6 +680,9 @@ class Trainer:
                 f"{path} does not fit this run's model or optimizer ({type(err).__name__}: {err}); "
                 "resume with the run's own config (the saved config.yaml), or trainer.restart=true"
             ) from err
+        if self.reapply_hyperparameters is not None:
+            for line in self.reapply_hyperparameters():
+                log.warning("resume applies the changed optimizer setting: %s", line)
         if self.sampler is not None:
             self.sampler.load_state_dict(state["sampler"])
         if self.stream is not None:
@@ -597,6 +704,7 @@ class Trainer:
         self.evals_since_best = state["evals_since_best"]
         self.last_eval = state["last_eval"]
         self.checkpoint_step = self.step
+        self._restored = True
         return self.step
 
     # -- pieces -----------------------------------------------------------------------------------
@@ -746,7 +854,7 @@ class Trainer:
         self._t_start = time.perf_counter()
         self._last_checkpoint = self._t_start
         self._last_progress_line = -math.inf
-        if resume:
+        if resume and not self._restored:
             self.load_checkpoint()  # before any record is touched: a bad checkpoint changes nothing
         if self.dist.is_main:
             recorder: Any = RunRecorder(self.run_dir, resume_step=self.step if resume else None)
@@ -798,6 +906,7 @@ class Trainer:
                 if self.status == "completed" and not self.cfg.keep_checkpoint and self.dist.is_main:
                     # a finished run keeps no periodic checkpoint unless asked to (keep_checkpoint)
                     (self.run_dir / CHECKPOINT_NAME).unlink(missing_ok=True)
+                    (self.run_dir / CHECKSUM_NAME).unlink(missing_ok=True)
                     self.checkpoint_step = None
                 summary = self._summary(stop_reason)
                 try:

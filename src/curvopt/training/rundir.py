@@ -14,6 +14,11 @@ On resume the run's saved ``config.yaml`` is its config (:func:`resume_config`):
 line may only *extend* the run (:data:`EXTEND_KEYS`) or change where and how it is observed
 (:func:`is_environment_key`: paths, logger, progress output); an override that changes anything
 else is refused with the difference printed, unless ``trainer.allow_config_change=true``.
+A ``config.yaml`` edited by hand since the checkpoint was written is refused the same way
+(:func:`config_edits`), and one that is not valid YAML is named (:func:`load_saved_config`).
+
+``run_id`` and ``experiment_name`` are single directory names (:func:`check_name`): nothing a run
+writes can land outside ``paths.results_dir``.
 """
 
 from __future__ import annotations
@@ -54,6 +59,52 @@ ENVIRONMENT_KEYS = (
 )
 # config groups whose choice is part of the environment (not of the run)
 ENVIRONMENT_GROUPS = ("logger", "paths", "trainer")
+# run_id / experiment_name: at most this many bytes, so that the moved-aside name
+# <run_id>.<status>-<YYYYmmdd-HHMMSS>-<n> stays under the 255-byte limit of a file name
+MAX_NAME_BYTES = 200
+
+
+def check_name(key: str, value: Any) -> str:
+    """Check that ``run_id`` / ``experiment_name`` is one directory name under the results dir.
+
+    Refused: an empty name, a slash or backslash, a leading ``.`` (``.``, ``..``, hidden names), NUL
+    or other control characters, more than :data:`MAX_NAME_BYTES` bytes (UTF-8), and (for
+    ``run_id``) a name that ends like a run moved aside (``<id>.<status>-<time>``).
+
+    Args:
+        key: ``run_id`` or ``experiment_name``, for the message.
+        value: The configured value.
+
+    Returns:
+        The name as a string.
+
+    Raises:
+        ConfigError: Naming the value and the rule it breaks.
+    """
+    name = str(value)
+    if not name:
+        problem = "is empty"
+    elif "/" in name or "\\" in name:
+        problem = "contains a path separator ('/' or '\\')"
+    elif name.startswith("."):
+        problem = "starts with '.' ('.', '..' and hidden names are not allowed)"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        problem = "contains NUL or another control character"
+    elif len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        problem = (
+            f"is {len(name.encode('utf-8', 'surrogatepass'))} bytes long; at most {MAX_NAME_BYTES} "
+            "(room for the <name>.<status>-<time> a restart moves old records to)"
+        )
+    elif key == "run_id" and is_set_aside(name):
+        problem = "ends like a run moved aside (<run_id>.<status>-<time>)"
+    else:
+        return name
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    raise ConfigError(
+        f"{key}={shown!r} {problem}: {key} must be a single directory name under "
+        f"paths.results_dir (no '/' or '\\', no leading '.', no control characters, at most "
+        f"{MAX_NAME_BYTES} bytes); choose another"
+    )
 
 
 def is_environment_key(key: str) -> bool:
@@ -297,11 +348,13 @@ class ResumePlan:
         config: The resolved config.
         extended: ``"key: old -> new"`` applied because they extend the run.
         changed: ``"key: old -> new"`` applied under ``trainer.allow_config_change``.
+        changed_keys: The keys (or group names) of ``changed``.
     """
 
     config: DictConfig
     extended: list[str]  # "key: old -> new" applied because they extend the run
     changed: list[str]  # "key: old -> new" applied under trainer.allow_config_change
+    changed_keys: list[str] = field(default_factory=list)  # their keys (a group name for a group)
 
 
 def resume_config(
@@ -381,7 +434,7 @@ def resume_config(
         else:
             conflicts.append((key, line, [key]))
 
-    changed = []
+    changed, changed_keys = [], []
     if conflicts:
         if not allow_change:
             listed = "\n".join(f"  {line}" for _, line, _ in conflicts)
@@ -394,8 +447,9 @@ def resume_config(
                 + ", ".join(EXTEND_KEYS)
                 + "."
             )
-        for _, line, roots in conflicts:
+        for key, line, roots in conflicts:
             changed.append(line)
+            changed_keys.append(key)
             for key, value in f_flat.items():
                 if _under(key, roots) or (roots == ["experiment"] and not is_environment_key(key)):
                     updates[key] = value
@@ -417,4 +471,78 @@ def resume_config(
         OmegaConf.update(base, key, value, force_add=True, merge=False)
     config = OmegaConf.create(OmegaConf.to_container(base, resolve=True))
     assert isinstance(config, DictConfig)
-    return ResumePlan(config, extended, changed)
+    return ResumePlan(config, extended, changed, changed_keys)
+
+
+# -- the saved config.yaml against the checkpoint -------------------------------------------------
+def load_saved_config(path: Path) -> DictConfig:
+    """Read a run's ``config.yaml``.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The config.
+
+    Raises:
+        ConfigError: The file is not valid YAML or not a mapping; the message names it.
+    """
+    try:
+        saved = OmegaConf.load(path)
+    except Exception as err:  # yaml.YAMLError, UnicodeDecodeError, OmegaConf's own errors
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"{path} is not a valid config ({type(err).__name__}: {first}); it was damaged or edited by "
+            "hand: restore it (e.g. from git or a backup), or start the run again with "
+            "trainer.restart=true (the old records are moved aside)"
+        ) from err
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(
+            f"{path} is not a mapping of config keys; restore it, or start the run again with "
+            "trainer.restart=true"
+        )
+    return saved
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
+
+def config_edits(
+    recorded: str | None, saved: DictConfig, fresh: DictConfig | None = None
+) -> list[tuple[str, str]]:
+    """Keys of the run's ``config.yaml`` that differ from the config its checkpoint was trained with.
+
+    The checkpoint records the config text the run wrote (``config_yaml``); a difference means
+    ``config.yaml`` was edited (by hand, or by a resume whose changes never reached a checkpoint).
+    Not counted: where the run is observed (:func:`is_environment_key`), ``run_id`` (the directory
+    names the run), the keys that only extend a run (:data:`EXTEND_KEYS`), keys the checkpoint's
+    config does not have (added by a newer version of the configs) and keys whose value is an
+    interpolation in ``fresh`` (``data_dir: ${paths.data_dir}`` follows the machine).
+
+    Args:
+        recorded: The checkpoint's config text; ``None`` (checkpoints written before it was
+            recorded) gives no differences.
+        saved: The run's ``config.yaml``.
+        fresh: The config this command composed (unresolved), for its interpolations.
+
+    Returns:
+        ``(key, "key: checkpoint value -> config.yaml value")`` per difference, sorted by key.
+    """
+    if recorded is None:
+        return []
+    then = OmegaConf.to_container(OmegaConf.create(recorded), resolve=False)
+    now = OmegaConf.to_container(saved, resolve=False)
+    assert isinstance(then, dict) and isinstance(now, dict)
+    t_flat, n_flat = _flatten(then), _flatten(now)
+    raw = _flatten(OmegaConf.to_container(fresh, resolve=False)) if fresh is not None else {}
+    out = []
+    for key in sorted(t_flat):
+        if key == "run_id" or key.startswith("hydra") or is_environment_key(key) or key in EXTEND_KEYS:
+            continue
+        if isinstance(raw.get(key), str) and "${" in raw[key]:
+            continue
+        old, new = t_flat[key], n_flat.get(key, _ABSENT)
+        if new is _ABSENT or not _same(old, new):
+            out.append((key, f"{key}: {old!r} -> {_show(new)}"))
+    return out

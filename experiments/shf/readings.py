@@ -51,6 +51,8 @@ READING_KEYS = (
     "cfg.model.code_activation",
     "cfg.model.output_activation",
     "cfg.model.loss",
+    "cfg.model.sparse_init_count",
+    "cfg.model.sparse_init_std",
     "cfg.trainer.dtype",
     "cfg.trainer.max_steps",  # a truncated probe reads as its own row
 )
@@ -314,7 +316,9 @@ def collect(results: Path, dataset: str, profile: str = "paper") -> pd.DataFrame
 
 
 def readings_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """Mean over seeds per (method, reading) of the completed runs; SHF / HF-CG against the default HF-CG.
+    """Mean over seeds per (method, reading); SHF / HF-CG against the default HF-CG and against HF-CG on
+    SHF's network (squared error). Completed runs are averaged; a run interrupted with a checkpoint gets
+    a row of its own, marked ``[in progress: N it]``, with its numbers so far.
 
     Args:
         runs: :func:`collect`'s frame.
@@ -325,9 +329,19 @@ def readings_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
     """
     if runs.empty:
         return pd.DataFrame()
-    done = runs[runs["status"] == "completed"]
+    runs = runs.copy()
+    # a run still in progress (interrupted with a checkpoint) is shown on a row of its own, never mixed
+    # into a finished reading's mean
+    live = runs["status"] != "completed"
+    runs.loc[live, "reading"] = (
+        runs.loc[live, "reading"] + " [in progress: " + runs.loc[live, "iterations"].astype(str) + " it]"
+    )
+    done = runs[runs["status"].isin(["completed", "interrupted"])]
     hf = done[(done["method"] == "hf_cg") & (done["reading"] == "default")]
     hf_test = float(hf["test_f_best_val"].mean()) if len(hf) else math.nan
+    # HF-CG on SHF's own network (one network for both methods, as the paper's authors had)
+    same = done[(done["method"] == "hf_cg") & done["reading"].str.contains("loss=squared_error")]
+    same_test = float(same["test_f_best_val"].mean()) if len(same) else math.nan
     out = []
     for (method, reading), g in done.groupby(["method", "reading"], sort=False):
         row: dict[str, Any] = {"method": method, "reading": reading, "seeds": int(g["seed"].nunique())}
@@ -341,6 +355,7 @@ def readings_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
         row["test_f_best_val_std"] = float(t.std(ddof=1)) if len(t) > 1 else None
         row["vs_paper"] = row["test_f_best_val"] / PAPER_TEST_F[dataset] - 1
         row["vs_hf_cg"] = row["test_f_best_val"] / hf_test if math.isfinite(hf_test) else None
+        row["vs_hf_cg_same_net"] = row["test_f_best_val"] / same_test if math.isfinite(same_test) else None
         if "gradual" in g and g["gradual"].notna().any():
             row["gradual"] = f"{int(g['gradual'].astype(bool).sum())}/{len(g)}"
         out.append(row)
@@ -358,6 +373,7 @@ def to_markdown(table: pd.DataFrame, dataset: str, profile: str) -> str:
         ("test_f_best_val", "test f (best val)", "{:.3f}"),
         ("vs_paper", "vs paper", "{:+.1%}"),
         ("vs_hf_cg", "/ HF-CG", "{:.3f}"),
+        ("vs_hf_cg_same_net", "/ HF-CG on SHF's net", "{:.3f}"),
         ("train_f_best_val", "train f (best val)", "{:.3f}"),
         ("test_f_equal_train", f"test f at train f ≤ {PAPER_TRAIN_F[dataset]}", "{:.3f}"),
         (f"test_f_it{PROBE_STEP}", f"test f @ it {PROBE_STEP}", "{:.3f}"),

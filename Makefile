@@ -49,7 +49,7 @@ format:
 
 mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, then the error-vs-time plot
 	$(PY) -m experiments.run_missing --experiment mnist_autoencoder --optimizers adam heavy_ball sgd --seeds 0
-	$(PY) -m curvopt.plots.error_vs_time --experiment mnist_autoencoder \
+	$(PY) -m experiments.plots.error_vs_time --experiment mnist_autoencoder \
 		--out results/figures/mnist_autoencoder_error_vs_time.png
 
 # Papers in the README's order, then the report and the cluster tools (any other mk/*.mk after them).

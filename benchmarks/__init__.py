@@ -1,5 +1,5 @@
 """Speed and memory benchmarks (ratios against a baseline measured in the same run).
 
 Run them as modules from the repository root, e.g. ``python -m benchmarks.bench_fosi --clock cpu``
-(the ``make bench-*`` targets and ``python -m curvopt.report.bench run`` do).
+(the ``make bench-*`` targets and ``python -m experiments.report.bench run`` do).
 """

@@ -17,11 +17,13 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from curvopt.training.build import run_from_config
+from curvopt.training.schema import register_schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(steps: int, batch_size: int, progress: bool, logger: str) -> dict:
+    register_schemas()
     with tempfile.TemporaryDirectory() as tmp, initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(
             "config",

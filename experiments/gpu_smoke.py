@@ -632,7 +632,7 @@ def _wrap(argv: list[str]) -> None:
     module = driver_module(script)
     data_missing: list[str] = []
     try:
-        from curvopt.data.common import DataNotFoundError
+        from curvopt.errors import DataNotFoundError
 
         original = DataNotFoundError.__init__
 

@@ -1,6 +1,6 @@
-"""CLI for :mod:`curvopt.runs`: run the missing runs of an experiment (see `make help`)."""
+"""CLI for :mod:`experiments.runs`: run the missing runs of an experiment (see `make help`)."""
 
-from curvopt.runs import main
+from experiments.runs import main
 
 if __name__ == "__main__":
     main()

@@ -8,14 +8,14 @@ BENCH_QUICK ?= 1
 .PHONY: report bench bench-table test-report
 
 report: ## results/REPORT.md + REPORT.html (untracked, built here): every paper figure/table, paper vs ours, status per item
-	$(PY) -m curvopt.report --results-dir results --tolerances experiments/report/tolerances.yaml $(REPORT_ARGS)
+	$(PY) -m experiments.report --results-dir results --tolerances experiments/report/tolerances.yaml $(REPORT_ARGS)
 
 bench: ## cross-paper step time / optimizer-state memory vs Adam (BENCH_QUICK=1: a few minutes on 2 cores)
-	$(PY) -m curvopt.report.bench run $(if $(filter 1,$(BENCH_QUICK)),--quick,)
-	$(PY) -m curvopt.report.bench table
+	$(PY) -m experiments.report.bench run $(if $(filter 1,$(BENCH_QUICK)),--quick,)
+	$(PY) -m experiments.report.bench table
 
 bench-table: ## only rebuild the cross-paper table from results/benchmarks/*.json
-	$(PY) -m curvopt.report.bench table
+	$(PY) -m experiments.report.bench table
 
 test-report: ## report unit tests + notebook execution
 	$(PY) -m pytest -q -m "not gpu" tests/test_report.py tests/test_notebooks.py

@@ -37,6 +37,9 @@ from curvopt.errors import (  # noqa: E402
 )
 from curvopt.training.build import run_from_config  # noqa: E402
 from curvopt.training.rundir import CommandLine  # noqa: E402
+from curvopt.training.schema import register_schemas  # noqa: E402
+
+register_schemas()  # trainer/paths/logger schemas, checked when Hydra composes conf/
 
 log = logging.getLogger("train")
 # exit codes of the jobs run by this process (one, or a sweep's)

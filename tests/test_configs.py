@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import CONF_DIR, compose
 
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 from curvopt.objective import Objective
 from curvopt.training.build import build_algorithm, build_data, build_model, call_target
 
@@ -170,7 +170,7 @@ def test_cfg_job_prints_what_runs(tmp_path):
 
     import yaml
 
-    from curvopt.runs import REPO_ROOT
+    from experiments.runs import REPO_ROOT
 
     cmd = [
         sys.executable,
@@ -223,7 +223,7 @@ def test_bad_config_key_exits_with_bad_input_code(tmp_path):
     import subprocess
     import sys
 
-    from curvopt.runs import REPO_ROOT
+    from experiments.runs import REPO_ROOT
 
     for override in ("+trainer.max_stepz=5", "optimizer=adamz"):
         cmd = [sys.executable, "src/train.py", override, f"paths.results_dir={tmp_path}", "logger=none"]
@@ -249,7 +249,7 @@ def test_train_entrypoint_keeps_command_line_values(tmp_path):
     import subprocess
     import sys
 
-    from curvopt.runs import REPO_ROOT
+    from experiments.runs import REPO_ROOT
 
     cmd = [
         sys.executable,

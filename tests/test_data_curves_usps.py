@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from curvopt.data.common import CorruptDataError, DataNotFoundError
 from curvopt.data.curves import _curve_points, generate_curves, load_curves
 from curvopt.data.usps import load_usps, read_usps_esl, read_usps_roweis
+from curvopt.errors import CorruptDataError, DataNotFoundError
 
 
 @pytest.fixture(autouse=True)

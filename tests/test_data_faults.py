@@ -14,8 +14,9 @@ import pytest
 
 from curvopt.data import common
 from curvopt.data.c4 import load_c4, load_tokenizer
-from curvopt.data.common import CorruptDataError, DataNotFoundError, hub_reachable
+from curvopt.data.common import hub_reachable
 from curvopt.data.mnist import load_mnist
+from curvopt.errors import CorruptDataError, DataNotFoundError
 
 
 def _copy_mnist(src: Path, dst: Path) -> Path:

@@ -15,7 +15,7 @@ from curvopt.data.cars import (
     standardize,
     stratified_split,
 )
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 from curvopt.models.linear_head import linear_head
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from curvopt.data import audioset, cifar10, shakespeare
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 
 
 # -- CIFAR-10 ----------------------------------------------------------------------------------------------

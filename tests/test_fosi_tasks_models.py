@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 from curvopt.models.char_lstm import CharLSTM
 from curvopt.models.conv_ae import ConvAutoencoder
 from curvopt.models.mobilenet import MobileNetV1, same_padding

@@ -340,11 +340,11 @@ def test_archives_over_15_mib_are_split_and_joined_again(gs, tmp_path, monkeypat
 
 def test_every_train_run_of_the_queue_composes_to_its_folder(gs):
     """The exact overrides the runner passes compose (schema-checked) to the experiment folder and
-    run id that the paper drivers (curvopt.runs) and figures use."""
+    run id that the paper drivers (experiments.runs) and figures use."""
     from hydra import compose, initialize_config_dir
 
-    from curvopt.runs import run_id_for
     from curvopt.training.schema import register_schemas
+    from experiments.runs import run_id_for
 
     register_schemas()
     seen = set()

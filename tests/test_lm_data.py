@@ -19,7 +19,7 @@ from curvopt.data.c4 import (
     load_tokenizer,
     next_token_labels,
 )
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 from curvopt.training.distributed import shard_slice
 from curvopt.training.sampler import shard
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RUN, compose
 
-from curvopt import runs
 from curvopt.training.build import run_from_config
 from curvopt.training.records import RunLock
+from experiments import runs
 
 TINY = [*TINY_RUN, "optimizer=adam", "experiment_name=t"]
 
@@ -144,7 +144,7 @@ sys.exit(128 + stop[0])
 DRIVER = """
 import sys
 sys.path.insert(0, "src")
-from curvopt.runs import run_train
+from experiments.runs import run_train
 run_train([sys.executable, "-c", sys.argv[1], sys.argv[2]])
 """
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 from conftest import TINY_RUN, compose
 
-from curvopt.data.common import CorruptDataError
 from curvopt.errors import (
     EXIT_BAD_INPUT,
     BadInputError,
     ConfigError,
     CorruptCheckpointError,
+    CorruptDataError,
 )
 from curvopt.training.build import run_from_config
 from curvopt.training.loop import CHECKSUM_NAME, file_sha256
@@ -334,7 +334,7 @@ def test_usps_splits_are_always_shuffled(shared_data_dir):
 # -- 11: the report names broken and missing summaries ---------------------------------------------
 def test_the_report_names_a_broken_summary_and_lists_running_runs(tmp_path):
     from curvopt.analysis.records import RecordError, load_summaries
-    from curvopt.report import core
+    from experiments.report import core
 
     for rid in ("a", "b", "c"):
         _run(tmp_path, ["optimizer=adam", f"run_id={rid}", "trainer.max_steps=1", f"seed={ord(rid) - 97}"])

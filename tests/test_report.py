@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from curvopt.report import core
-from curvopt.report.build import DEFAULT_TOLERANCES, build_report
-from curvopt.report.papers import ITEMS
+from experiments.report import core
+from experiments.report.build import DEFAULT_TOLERANCES, build_report
+from experiments.report.papers import ITEMS
 
 SHF_ITEMS = [i for i in ITEMS if i.paper == "shf"]
 
@@ -326,7 +326,7 @@ def test_report_files_embed_figures(tmp_path: Path) -> None:
 
 # -- make bench: the cross-paper table ------------------------------------------------------------------------
 def test_bench_table_ratios_and_missing_sources(tmp_path: Path) -> None:
-    from curvopt.report import bench
+    from experiments.report import bench
 
     bench_dir = tmp_path / "benchmarks"
     (bench_dir / "quick").mkdir(parents=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import CONF_DIR, compose
 
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 from curvopt.training.build import run_from_config
 from curvopt.training.records import read_metrics
 from experiments.shf import figures

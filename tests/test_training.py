@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import TINY_RUN, compose
 
-from curvopt.data.common import CorruptDataError, DataNotFoundError
 from curvopt.data.mnist import load_mnist, parse_idx
+from curvopt.errors import CorruptDataError, DataNotFoundError
 from curvopt.training.build import run_from_config
 from curvopt.training.loop import TIMING_FIELDS
 from curvopt.training.records import read_metrics

@@ -144,7 +144,7 @@ class Run:
 
     @property
     def config_name(self) -> str:
-        """The experiment config (curvopt.runs.experiment_config); '' for none."""
+        """The experiment config (experiments.runs.experiment_config); '' for none."""
         s = self.spec
         if "config" in s:
             return str(s["config"] or "")
@@ -549,7 +549,7 @@ def cmd_carry(args: argparse.Namespace) -> int:
 
 
 def _status(run_dir: Path) -> str | None:
-    """curvopt.runs.run_status without the packed-records fallback (no pandas)."""
+    """experiments.runs.run_status without the packed-records fallback (no pandas)."""
     s = run_dir / "summary.json"
     if s.exists():
         try:

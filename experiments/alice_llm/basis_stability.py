@@ -77,7 +77,7 @@ def attach_recorder(
 
 def run_variant(profile: str, variant: str, overrides: list[str], results: Path, rows: list) -> None:
     import curvopt.training.build as build
-    from curvopt.runs import compose_config
+    from experiments.runs import compose_config
 
     original = build.build_algorithm
 

@@ -110,8 +110,8 @@ def measure_one(
 ) -> dict:
     """Build the run's model and optimizer from its config and time/measure a few steps."""
     from curvopt.objective import Objective, mean_loss
-    from curvopt.runs import compose_config
     from curvopt.training.build import build_algorithm, build_model, resolve_device
+    from experiments.runs import compose_config
 
     m = method_by_key(method_key)
     exp = experiment_for(size)

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from curvopt.report.core import (
+from experiments.alice_table3.report import ITEM as TABLE3_ITEM
+from experiments.report.core import (
     Context,
     Item,
     ItemResult,
@@ -28,7 +29,6 @@ from curvopt.report.core import (
     pick_profile,
     provenance,
 )
-from experiments.alice_table3.report import ITEM as TABLE3_ITEM
 
 
 def _alice(ctx: Context) -> Any:

@@ -5,7 +5,7 @@ reproduce-alice-*`` targets).
     python -m experiments.alice_llm.run fig2 --profile paper --sizes 60m 130m
     python -m experiments.alice_llm.run table2 --profile quick --dry-run   # list the commands
 
-Finished runs are kept (``curvopt.runs.ensure_run``): a second call only redraws. Extra Hydra
+Finished runs are kept (``experiments.runs.ensure_run``): a second call only redraws. Extra Hydra
 overrides after ``--`` go to every run (e.g. ``-- trainer.device=cuda``). For a multi-GPU node
 set ``--nproc N``: each run is started with ``torchrun --standalone --nproc_per_node N``.
 """
@@ -17,7 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-from curvopt.runs import ensure_run
 from experiments.alice_llm import figures
 from experiments.alice_llm.specs import (
     ABLATION_METHODS,
@@ -27,6 +26,7 @@ from experiments.alice_llm.specs import (
     experiment_for,
     sizes_for,
 )
+from experiments.runs import ensure_run
 
 MAIN_KEYS = {m.key for m in TABLE2_METHODS}
 
@@ -77,7 +77,7 @@ def _torchrun(
     """The same run as ``ensure_run`` would start, under ``torchrun`` (one process per GPU)."""
     import subprocess
 
-    from curvopt.runs import REPO_ROOT, experiment_config, run_id_for
+    from experiments.runs import REPO_ROOT, experiment_config, run_id_for
 
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from curvopt.report.core import QUALITATIVE, REPRODUCED, Context, Item, ItemResult, NotRun
+from experiments.report.core import QUALITATIVE, REPRODUCED, Context, Item, ItemResult, NotRun
 
 
 def alice_table3(ctx: Context) -> ItemResult:

@@ -41,7 +41,7 @@ from curvopt.analysis.curves import (
     value_at,
 )
 from curvopt.analysis.records import load_runs
-from curvopt.runs import ensure_run
+from experiments.runs import ensure_run
 
 EXPERIMENT = "fgn_cars196"
 METHODS = ("adam", "sgn", "fgn")

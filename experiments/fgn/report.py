@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from curvopt.report.core import (
+from experiments.report.core import (
     Context,
     Item,
     ItemResult,

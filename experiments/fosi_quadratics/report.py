@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from curvopt.report.core import Context, Item, ItemResult, NotRun, existing_figures, fmt, judge
+from experiments.report.core import Context, Item, ItemResult, NotRun, existing_figures, fmt, judge
 
 FOSI_Q = "fosi_quadratics"
 

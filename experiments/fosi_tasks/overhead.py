@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from curvopt.objective import Objective
-from curvopt.runs import REPO_ROOT, compose_config, experiment_config
 from curvopt.training.build import build_algorithm, build_data, build_model
 from experiments.fosi_tasks import analysis
 from experiments.fosi_tasks.run import data_problem
+from experiments.runs import REPO_ROOT, compose_config, experiment_config
 
 CONF_DIR = REPO_ROOT / "conf"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from curvopt.report.core import (
+from experiments.report.core import (
     NOT_PAPER_SCALE,
     QUALITATIVE,
     REPRODUCED,

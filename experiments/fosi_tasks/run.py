@@ -7,7 +7,7 @@
     python -m experiments.fosi_tasks.run table1 --no-run                        # only redraw
     python -m experiments.fosi_tasks.run table1 --dry-run                       # list the commands
 
-Finished (or diverged) runs are kept (``curvopt.runs.ensure_run``). A task whose data or weights
+Finished (or diverged) runs are kept (``experiments.runs.ensure_run``). A task whose data or weights
 are missing is skipped with the loader's message (what to download, where to put it) and shows up
 as "missing" in the tables. A run that fails is reported and does not stop the others. On the CPU
 every run gets ``OMP_NUM_THREADS=1`` (``--threads``): on a shared 2-core machine, torch's spinning
@@ -24,15 +24,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from curvopt.runs import REPO_ROOT, ensure_run
 from experiments.fosi_tasks import analysis, figures
+from experiments.runs import REPO_ROOT, ensure_run
 
 WHAT = ("table1", "table2", "fig2", "fig5", "fig6", "all")
 
 
 def data_problem(task: analysis.Task, data_dir: Path) -> str | None:
     """Cheap availability check (no decoding): None when the task can run, else the message."""
-    from curvopt.data.common import DataNotFoundError
+    from curvopt.errors import DataNotFoundError
 
     try:
         if task.key == "lr":
@@ -45,7 +45,7 @@ def data_problem(task: analysis.Task, data_dir: Path) -> str | None:
             if cifar10._find_python_batches(data_dir) is None and cifar10._find_packed(data_dir) is None:
                 return f"CIFAR-10 not found under {data_dir}. {cifar10.HOW_TO_GET}"
             if task.key == "tl":
-                from curvopt.data.pretrained import resolve_weights
+                from curvopt.models.pretrained import resolve_weights
 
                 resolve_weights(str(data_dir / "resnet18"))
         elif task.key == "lm":

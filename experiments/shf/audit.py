@@ -46,8 +46,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(dataset: str, seed: int, profile: str = "paper"):
-    from curvopt.runs import compose_config
     from curvopt.training.build import build_data, build_model, seed_everything
+    from experiments.runs import compose_config
 
     exp = f"shf_fig2_{dataset}" + ("_paper" if profile == "paper" else "")
     cfg = compose_config([f"experiment={exp}", "optimizer=shf_lsmr", f"seed={seed}", "logger=none"])
@@ -206,7 +206,7 @@ def trajectory(results: Path, dataset: str, profile: str, out: Path) -> Path:
     import pandas as pd
 
     from curvopt.analysis.records import load_runs
-    from curvopt.plots.common import save_with_csv
+    from experiments.plots.common import save_with_csv
 
     runs = load_runs(results, f"shf_fig2_{dataset}")
     runs = runs[runs["profile"] == profile]

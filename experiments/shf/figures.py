@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 
 from curvopt.analysis.curves import mean_curve_on_grid  # noqa: E402
 from curvopt.analysis.records import load_runs, load_summaries  # noqa: E402
-from curvopt.plots.common import save_with_csv  # noqa: E402
+from experiments.plots.common import save_with_csv  # noqa: E402
 
 METHOD_LABELS = {"shf_lsmr": "SHF-LSMR (ours)", "hf_cg": "Martens HF-CG"}
 METHOD_COLOURS = {"shf_lsmr": "tab:red", "hf_cg": "tab:blue"}

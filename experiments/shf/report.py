@@ -20,7 +20,7 @@ import pandas as pd
 
 from curvopt.analysis.curves import mean_curve_on_grid
 from curvopt.analysis.records import load_runs, load_summaries
-from curvopt.report.core import (
+from experiments.report.core import (
     Context,
     Item,
     ItemResult,

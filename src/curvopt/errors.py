@@ -43,6 +43,14 @@ class CorruptCheckpointError(BadInputError, ValueError):
     """A checkpoint exists but cannot be read, or does not fit this run's model or optimizer."""
 
 
+class DataNotFoundError(BadInputError, FileNotFoundError):
+    """Raised before training when a dataset's files are missing; the message says what to do."""
+
+
+class CorruptDataError(BadInputError, ValueError):
+    """Raised when a data file exists but cannot be read, or its checksum or shape is wrong."""
+
+
 class NonFiniteError(FloatingPointError):
     """An optimizer met a NaN/inf (gradient, curvature) and left parameters and state unchanged."""
 

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from curvopt.api import DataBundle
-from curvopt.data.common import DataNotFoundError, missing_data_message
+from curvopt.data.common import missing_data_message
+from curvopt.errors import DataNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,8 @@ import torch
 from torch import Tensor
 
 from curvopt.api import DataBundle
-from curvopt.data.common import CorruptDataError, DataNotFoundError, hub_reachable
+from curvopt.data.common import hub_reachable
+from curvopt.errors import CorruptDataError, DataNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from curvopt.api import DataBundle
-from curvopt.data.common import DataNotFoundError, hub_reachable, missing_data_message, offline_note
+from curvopt.data.common import hub_reachable, missing_data_message, offline_note
+from curvopt.errors import DataNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -37,13 +37,12 @@ import torch
 
 from curvopt.api import DataBundle
 from curvopt.data.common import (
-    CorruptDataError,
-    DataNotFoundError,
     hub_reachable,
     missing_data_message,
     offline_note,
 )
-from curvopt.data.pretrained import resolve_weights
+from curvopt.errors import CorruptDataError, DataNotFoundError
+from curvopt.models.pretrained import resolve_weights
 
 log = logging.getLogger(__name__)
 

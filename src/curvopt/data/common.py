@@ -10,17 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from curvopt.errors import BadInputError
-
 log = logging.getLogger(__name__)
-
-
-class DataNotFoundError(BadInputError, FileNotFoundError):
-    """Raised before training when a dataset's files are missing; the message says what to do."""
-
-
-class CorruptDataError(BadInputError, ValueError):
-    """Raised when a data file exists but cannot be read, or its checksum or shape is wrong."""
 
 
 def missing_data_message(name: str, directory: Path, files: list[str], how: str) -> str:

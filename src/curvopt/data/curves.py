@@ -43,7 +43,8 @@ import numpy as np
 import torch
 
 from curvopt.api import DataBundle
-from curvopt.data.common import CorruptDataError, DataNotFoundError, missing_data_message, split_indices
+from curvopt.data.common import missing_data_message, split_indices
+from curvopt.errors import CorruptDataError, DataNotFoundError
 
 log = logging.getLogger(__name__)
 

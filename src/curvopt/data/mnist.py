@@ -17,14 +17,13 @@ import torch
 
 from curvopt.api import DataBundle
 from curvopt.data.common import (
-    CorruptDataError,
-    DataNotFoundError,
     hub_reachable,
     md5_bytes,
     missing_data_message,
     offline_note,
     split_indices,
 )
+from curvopt.errors import CorruptDataError, DataNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,11 @@ import torch
 
 from curvopt.api import DataBundle
 from curvopt.data.common import (
-    CorruptDataError,
-    DataNotFoundError,
     hub_reachable,
     missing_data_message,
     offline_note,
 )
+from curvopt.errors import CorruptDataError, DataNotFoundError
 
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 NUM_CHARS = 128

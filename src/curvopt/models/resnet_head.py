@@ -9,7 +9,7 @@ The ResNet-18 architecture is written out here with torchvision's parameter name
 state dict ``resnet18-f37072fd.pth`` loads without torchvision (which is optional: nothing here
 imports it). Weights are looked up, in order: the configured path (a file, or a folder holding
 it); torch's hub cache (``$TORCH_HOME/hub/checkpoints``), where torchvision stores them; a download
-through ``torch.hub`` when ``allow_download`` and online (:func:`curvopt.data.pretrained.resolve_weights`).
+through ``torch.hub`` when ``allow_download`` and online (:func:`curvopt.models.pretrained.resolve_weights`).
 Missing weights stop the run before training (the dataset loader checks first) with what to
 download and where to put it.
 
@@ -29,21 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from curvopt.data.common import DataNotFoundError
-from curvopt.data.pretrained import HOW_TO_GET, WEIGHTS_FILE, WEIGHTS_URL, resolve_weights
+from curvopt.errors import DataNotFoundError
+from curvopt.models.pretrained import resolve_weights
 
-# the weights lookup lives in curvopt.data.pretrained (the CIFAR-10 loader checks the file before
-# training and must not import this module); re-exported here, where it was defined before
-__all__ = [
-    "HOW_TO_GET",
-    "WEIGHTS_FILE",
-    "WEIGHTS_URL",
-    "BasicBlock",
-    "ResNet18Backbone",
-    "ResNetHead",
-    "resnet18_head",
-    "resolve_weights",
-]
+__all__ = ["BasicBlock", "ResNet18Backbone", "ResNetHead", "resnet18_head"]
 
 
 class BasicBlock(nn.Module):
@@ -123,7 +112,7 @@ class ResNetHead(nn.Module):
     Args:
         num_classes: Number of classes (the head's outputs).
         weights: The ImageNet state dict of the backbone (a ``.pth`` file or a folder holding
-            ``resnet18-f37072fd.pth``; see :func:`curvopt.data.pretrained.resolve_weights`);
+            ``resnet18-f37072fd.pth``; see :func:`curvopt.models.pretrained.resolve_weights`);
             its ``fc.*`` entries are dropped. ``None``: a randomly initialised backbone (tests
             only). A path that does not resolve is not an error here: it is recorded in
             :attr:`missing_weights` and :meth:`forward` raises it.

@@ -1,9 +1,6 @@
 """The training loop, its run records and the Hydra glue (:mod:`curvopt.training.build`).
 
-Importing the package registers the structured-config schemas of ``conf/``
-(:mod:`curvopt.training.schema`).
+Importing the package has no side effect: an entrypoint that composes ``conf/`` registers the
+structured-config schemas itself (:func:`curvopt.training.schema.register_schemas`, idempotent), as
+``src/train.py`` does before Hydra composes.
 """
-
-from curvopt.training.schema import register_schemas
-
-register_schemas()

@@ -22,8 +22,7 @@ import torch
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from curvopt.data.common import CorruptDataError
-from curvopt.errors import BadInputError, ConfigError, CorruptCheckpointError, exit_code
+from curvopt.errors import BadInputError, ConfigError, CorruptCheckpointError, CorruptDataError, exit_code
 from curvopt.objective import Objective, mean_loss
 from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
 from curvopt.training.distributed import (
@@ -520,7 +519,7 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
     """Run one training job described by ``cfg`` and return its summary.
 
     Args:
-        cfg: The composed run config (``src/train.py``'s, or :func:`curvopt.runs.compose_config`'s).
+        cfg: The composed run config (``src/train.py``'s, or a driver's composed one).
         cli: The Hydra command line. It tells a resumed run which keys the command set explicitly;
             without it every key that differs from the saved config counts as set (see
             :func:`curvopt.training.rundir.resume_config`).

@@ -7,7 +7,7 @@ Each YAML file of those groups lists its schema first in its defaults list (``- 
 (``trainer.clock`` is ``wall`` or ``process``) are checked later by
 :func:`curvopt.training.build.check_trainer`, with the valid values in the message.
 
-The schemas are registered in Hydra's ConfigStore when :mod:`curvopt.training` is imported; a
+The schemas are registered in Hydra's ConfigStore by :func:`register_schemas` (`src/train.py` calls it); a
 script that composes ``conf/`` itself calls :func:`register_schemas` first (it is idempotent).
 The class docstrings document every field; the groups' YAML files (``conf/trainer/default.yaml``,
 ``conf/paths/default.yaml``, ``conf/logger/*.yaml``) repeat them as comments next to the values.

@@ -1,6 +1,6 @@
 """Build ``results/REPORT.md`` and ``results/REPORT.html`` from run records.
 
-python -m curvopt.report --results-dir results --tolerances experiments/report/tolerances.yaml
+python -m experiments.report --results-dir results --tolerances experiments/report/tolerances.yaml
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import datetime as _dt
 import subprocess
 from pathlib import Path
 
-from curvopt.report.core import (
+from experiments.report.core import (
     REPO,
     Context,
     Item,
@@ -20,7 +20,7 @@ from curvopt.report.core import (
     write_html,
     write_markdown,
 )
-from curvopt.report.papers import ITEMS, PAPERS
+from experiments.report.papers import ITEMS, PAPERS
 
 DEFAULT_TOLERANCES = REPO / "experiments" / "report" / "tolerances.yaml"
 
@@ -53,8 +53,8 @@ def build_report(
         tolerances: The tolerances YAML file.
         out_md: The Markdown file; default ``<results>/REPORT.md``.
         out_html: The HTML file; default ``<results>/REPORT.html``.
-        items: The items to evaluate; default every item of :data:`curvopt.report.papers.ITEMS`.
-        papers: Keep only these papers' items (keys of :data:`curvopt.report.papers.PAPERS`);
+        items: The items to evaluate; default every item of :data:`experiments.report.papers.ITEMS`.
+        papers: Keep only these papers' items (keys of :data:`experiments.report.papers.PAPERS`);
             ``None``: all.
 
     Returns:
@@ -87,7 +87,7 @@ def build_report(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line of ``python -m curvopt.report`` (``make report``).
+    """Command line of ``python -m experiments.report`` (``make report``).
 
     Builds the report and prints one status line per item (with the reason for ``not run`` and
     ``error``).

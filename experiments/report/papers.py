@@ -4,7 +4,7 @@ Each paper's evaluators (one per figure/table) sit next to that paper's drivers,
 ``experiments/<paper>/report.py``: they read run records (shared readers, or the drivers' own
 record-reading functions) and compare with the paper numbers beside them (``experiments/*/paper_*.csv``),
 with the tolerances of ``experiments/report/tolerances.yaml``. Each raises
-:class:`~curvopt.report.core.NotRun` when its records are absent. This module only lists them:
+:class:`~experiments.report.core.NotRun` when its records are absent. This module only lists them:
 
 * SHF-LSMR: :mod:`experiments.shf.report`;
 * FGN: :mod:`experiments.fgn.report`;
@@ -14,16 +14,16 @@ with the tolerances of ``experiments/report/tolerances.yaml``. Each raises
   :mod:`experiments.alice_table3.report`).
 
 The ``experiments`` package must be importable: run the report from the repository root
-(``make report``, ``python -m curvopt.report``).
+(``make report``, ``python -m experiments.report``).
 """
 
 from __future__ import annotations
 
-from curvopt.report.core import Item
 from experiments.alice_llm import report as alice
 from experiments.fgn import report as fgn
 from experiments.fosi_quadratics import report as fosi_quadratics
 from experiments.fosi_tasks import report as fosi_tasks
+from experiments.report.core import Item
 from experiments.shf import report as shf
 
 PAPERS = {

@@ -1,9 +1,9 @@
 """Where the ImageNet-pretrained ResNet-18 weights of FOSI's transfer-learning (TL) task are found.
 
-Both sides of the TL task need the lookup: the CIFAR-10 loader checks the file before training
-(the loop builds the data first, so a missing file stops the run before anything else) and the
-model (:mod:`curvopt.models.resnet_head`) loads it. It lives here, next to the data errors it
-raises, so that the data package never imports the models package.
+The model (:mod:`curvopt.models.resnet_head`) loads the file; the CIFAR-10 loader checks that it
+exists before training (the loop builds the data first, so a missing file stops the run before
+anything else is built). The lookup belongs to the model, whose weights these are; it raises
+:class:`curvopt.errors.DataNotFoundError` like every missing input.
 
 Weights are looked up, in order: the configured path (a file, or a folder holding it); torch's hub
 cache (``$TORCH_HOME/hub/checkpoints``), where torchvision stores them; a download through
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from curvopt.data.common import DataNotFoundError
+from curvopt.errors import DataNotFoundError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from curvopt.analysis.records import load_runs  # noqa: E402
-from curvopt.plots.common import save_with_csv  # noqa: E402
+from experiments.plots.common import save_with_csv  # noqa: E402
 
 
 def plot_error_vs_time(

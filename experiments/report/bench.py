@@ -3,8 +3,8 @@
 Every optimizer's step time and optimizer-state memory relative to Adam on the tasks it applies
 to, read from the JSON the ``benchmarks/`` scripts write (nothing is re-measured here).
 
-    python -m curvopt.report.bench run --quick   # run the benchmark scripts (quick: minutes, 1 thread)
-    python -m curvopt.report.bench table         # results/tables/bench_cross_paper.{md,csv}
+    python -m experiments.report.bench run --quick   # run the benchmark scripts (quick: minutes, 1 thread)
+    python -m experiments.report.bench table         # results/tables/bench_cross_paper.{md,csv}
 
 Sources: ``bench_llm_optim.json`` (RACS/Alice/GaLore/Fira/APOLLO on the LLaMA-60M matrices, step and
 state bytes), ``bench_fgn.json`` (FGN/SGN on the linear head, per number of classes C) and
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from curvopt.report.core import REPO
+from experiments.report.core import REPO
 
 BENCH = REPO / "results" / "benchmarks"
 

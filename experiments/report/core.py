@@ -3,7 +3,7 @@
 Every item (one figure or table of one paper) is evaluated by a function that reads run records
 (through :mod:`curvopt.analysis.records`) or a driver's own table output, and returns an
 :class:`ItemResult`; each paper's evaluators live next to its drivers (``experiments/<paper>/report.py``,
-listed by :mod:`curvopt.report.papers`). A missing run raises :class:`NotRun`, which becomes a "not run" entry with the
+listed by :mod:`experiments.report.papers`). A missing run raises :class:`NotRun`, which becomes a "not run" entry with the
 ``make`` command that produces it; any other exception becomes an "error" entry (the report never
 crashes and never falls back to an older number).
 
@@ -48,7 +48,7 @@ BADGES = {
     NOT_RUN: "⚪",
     ERROR: "⚠️",
 }
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class NotRun(Exception):
@@ -82,7 +82,7 @@ class Item:
     """One figure or table of one paper, and how to evaluate it.
 
     Args:
-        paper: The paper's key in :data:`curvopt.report.papers.PAPERS` (``shf``, ``fgn``, ``fosi``,
+        paper: The paper's key in :data:`experiments.report.papers.PAPERS` (``shf``, ``fgn``, ``fosi``,
             ``alice``).
         key: The item's key in the tolerances file under its paper (e.g. ``table2``).
         title: The heading, ``"<Figure|Table> N: what it shows"``; the part before the colon is

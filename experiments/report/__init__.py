@@ -1,5 +1,5 @@
 """Reproduction report (``make report``) and cross-paper benchmark table (``make bench``)."""
 
-from curvopt.report.build import build_report
+from experiments.report.build import build_report
 
 __all__ = ["build_report"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from curvopt.errors import EXIT_COMPLETED, EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 FINAL_STATUSES = ("completed", "diverged")
 
 

@@ -529,7 +529,7 @@ def test_fast_path_buffers_are_the_true_ones_after_sync():
             fosi.zero_grad()
             (0.5 * theta @ H @ theta).backward()
             fosi.step()
-        buf = fosi.state_dict()["base"]["state"][0]["momentum_buffer"].clone()
+        buf = fosi.state_dict()["state"][0]["momentum_buffer"].clone()
         out[fast] = (theta.detach().clone(), buf)
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(out[True][1], out[False][1], atol=1e-12, rtol=1e-10)

@@ -151,6 +151,7 @@ def switch_generator(seed: int, n_switch: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed((int(seed) * SEED_STRIDE + int(n_switch)) % (2**63 - 1))
 
 
+@torch.compiler.disable  # Dynamo (torch 2.13) does not honour an explicit generator here: draws would differ
 def sample_indices(gen: torch.Generator, population: int, k: int) -> Tensor:
     """``k`` indices drawn uniformly without replacement from ``range(population)`` (CPU).
 
@@ -165,6 +166,7 @@ def sample_indices(gen: torch.Generator, population: int, k: int) -> Tensor:
     return torch.randperm(population, generator=gen)[:k]
 
 
+@torch.compiler.disable  # as sample_indices: the seeded draw must stay eager
 def _unit_gaussian(m: int, k: int, gen: torch.Generator, like: Tensor) -> Tensor:
     X = torch.randn(m, k, generator=gen, dtype=torch.float64).to(device=like.device, dtype=like.dtype)
     return X / torch.linalg.vector_norm(X, dim=0, keepdim=True).clamp_min(1e-30)
@@ -277,6 +279,25 @@ class Alice(MatrixOptimizer):
     Raises:
         ValueError: On an out-of-range hyperparameter, an unknown mode, a rank above a weight's
             projected side without ``clamp_rank``, or a non-2-D parameter in a method group.
+        TypeError: On a complex parameter.
+
+    Example:
+        Alice on the hidden matrix (rank 2 of its smaller side 4), Adam on the rest:
+
+        >>> import torch
+        >>> from curvopt.optim import Alice
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> others = [model[0].bias, *model[2].parameters()]
+        >>> opt = Alice([{"params": [model[0].weight]}, {"params": others, "adam": True}], lr=0.02, rank=2)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.state[model[0].weight]["U"].shape
+        torch.Size([4, 2])
     """
 
     method_name = "alice"
@@ -340,25 +361,20 @@ class Alice(MatrixOptimizer):
             "clamp_rank": clamp_rank,
         }
         super().__init__(params, defaults)
-        self._index: dict[int, int] = {}
-        self._reindex()
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group (validated as in :class:`MatrixOptimizer`) and re-index the parameters.
+    def _param_index(self, p: Tensor) -> int:
+        """Position of ``p`` among all parameters, in ``param_groups`` order (its switch seed).
 
-        Args:
-            param_group: A dict with ``params`` and optional per-group settings.
+        Looked up when a matrix's state is created rather than cached by ``id``: a cache keyed by
+        object identity would not survive ``copy.deepcopy``, ``pickle`` or a new process.
         """
-        super().add_param_group(param_group)
-        if hasattr(self, "_index"):
-            self._reindex()
-
-    def _reindex(self) -> None:
         i = 0
         for group in self.param_groups:
-            for p in group["params"]:
-                self._index[id(p)] = i
+            for q in group["params"]:
+                if q is p:
+                    return i
                 i += 1
+        return 0
 
     def _validate_group(self, group: dict[str, Any]) -> None:
         from curvopt.optim.racs import as_dtype
@@ -467,7 +483,7 @@ class Alice(MatrixOptimizer):
         if not state:
             sd = self._state_dtype(p, group)
             state["step"] = 0
-            state["seed"] = int(group["seed"]) * SEED_STRIDE + self._index.get(id(p), 0)
+            state["seed"] = int(group["seed"]) * SEED_STRIDE + self._param_index(p)
             state["n_switch"] = 0
             state["U"] = torch.zeros(m, r, dtype=sd, device=p.device)
             if b3 > 0:
@@ -630,11 +646,34 @@ def alice0(params: Iterable[Any], **kwargs: Any) -> Alice:
 
     Args:
         params: Parameters or parameter groups.
-        **kwargs: Keyword arguments of :class:`Alice`; ``betas`` may give (β1, β2) (a third value
-            is ignored and set to 0).
+        **kwargs: Keyword arguments of :class:`Alice`; ``betas`` gives (β1, β2) — a third value
+            is accepted and ignored (set to 0).
 
     Returns:
         The :class:`Alice` optimizer.
+
+    Raises:
+        ValueError: If ``betas`` does not hold two (or three) numbers, or as :class:`Alice`.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.optim import alice0
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> others = [model[0].bias, *model[2].parameters()]
+        >>> groups = [{"params": [model[0].weight]}, {"params": others, "adam": True}]
+        >>> opt = alice0(groups, lr=0.02, rank=2, betas=(0.9, 0.9))
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.defaults["betas"], "Qt" in opt.state[model[0].weight]
+        ((0.9, 0.9, 0.0), False)
     """
-    b1, b2, _ = kwargs.pop("betas", (0.9, 0.9, 0.0))
+    betas = tuple(kwargs.pop("betas", (0.9, 0.9)))
+    if len(betas) not in (2, 3):
+        raise ValueError(f"alice0: betas must be (beta1, beta2) (a third value is ignored), got {betas}")
+    b1, b2 = betas[:2]
     return Alice(params, betas=(b1, b2, 0.0), **kwargs)

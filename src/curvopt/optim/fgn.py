@@ -28,6 +28,7 @@ curvature FGN drops), ``step_norm`` (``‖d‖``), ``lr``, ``damping`` and ``imp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +164,13 @@ def affine_fgn_direction(
     return ca, stats
 
 
+def _finite_positive(value: Any) -> bool:
+    """Whether ``value`` is a real number, finite and > 0 (NaN, inf and bools are not)."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
 class FGN(AlgorithmBase):
     """Fast Gauss-Newton step (see module docstring), an ``Algorithm``.
 
@@ -186,9 +194,26 @@ class FGN(AlgorithmBase):
             ``"auto"`` = 4 on CPU, 1 on GPU.
 
     Raises:
-        ValueError: If the loss is not cross-entropy, ``lr``/``damping`` are not positive, the
-            CG settings are out of range, or ``implementation`` is unknown or ``"affine"`` for a
-            model that is not a linear head.
+        ValueError: If the loss is not cross-entropy, ``lr``/``damping`` are not finite positive
+            numbers (NaN and inf included), the CG settings are out of range, or
+            ``implementation`` is unknown or ``"affine"`` for a model that is not a linear head.
+        TypeError: If a trainable parameter is complex (or not floating point).
+
+    Example:
+        FGN is an :class:`~curvopt.api.Algorithm`: ``step(batch)`` computes the logits, the
+        curvature and the update itself (no ``zero_grad``/``backward`` for the caller):
+
+        >>> import torch
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import FGN
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> fgn = FGN(Objective(model, "cross_entropy"), lr=0.1, damping=1.0)
+        >>> for _ in range(3):
+        ...     info = fgn.step((x, y))
+        >>> fgn.steps, info["implementation"]
+        (3, 'generic')
     """
 
     def __init__(
@@ -210,9 +235,16 @@ class FGN(AlgorithmBase):
             )
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-        if lr <= 0 or damping <= 0:
-            raise ValueError(f"FGN needs lr > 0 and damping > 0 (got lr={lr}, damping={damping})")
-        if cg_maxiter < 1 or cg_tol < 0:
+        if not (_finite_positive(lr) and _finite_positive(damping)):
+            raise ValueError(
+                f"FGN needs lr and damping to be finite positive numbers (got lr={lr}, damping={damping})"
+            )
+        for p in objective.model.parameters():
+            if p.requires_grad and not p.is_floating_point():
+                raise TypeError(
+                    f"FGN supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
+                )
+        if cg_maxiter < 1 or not cg_tol >= 0:  # NaN tolerance fails too
             raise ValueError(f"need cg_maxiter >= 1 and cg_tol >= 0 (got {cg_maxiter}, {cg_tol})")
         self.objective = objective
         self.lr = float(lr)
@@ -366,6 +398,20 @@ def build_fgn(objective: Objective, data: DataBundle | None = None, **cfg: Any) 
 
     Returns:
         The :class:`FGN` algorithm.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.api import DataBundle
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import build_fgn
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> alg = build_fgn(Objective(model, "cross_entropy"), DataBundle(train=(x, y)), lr=0.1)
+        >>> for _ in range(2):
+        ...     info = alg.step((x, y))
+        >>> type(alg).__name__, "loss" in info
+        ('FGN', True)
     """
     del data  # FGN uses only the mini-batch it is given
     return FGN(objective, **cfg)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "quadratic": {"newton_momentum": "ema", "alpha": 1.0, "lr_clip": math.inf},
 }
 _ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW)
+LR_REF_KEY = "fosi_lr_ref"  # per group: the lr at which the Newton part has its full size α
 
 
 def _momentum_coefficients(form: str, beta: float, dampening: float = 0.0) -> tuple[float, float]:
@@ -172,8 +174,31 @@ class FOSI(Optimizer):
     Raises:
         TypeError: ``base`` is not a ``torch.optim.Optimizer``, or is a FOSI.
         ValueError: An option outside its allowed values or range, a base learning rate that is
-            negative or not finite, no parameters, parameters of several dtypes or devices, or
-            ``k + l`` not smaller than the number of parameters.
+            negative or not finite, no parameters, parameters of several dtypes or devices,
+            complex parameters, or ``k + l`` not smaller than the number of parameters.
+
+    Example:
+        FOSI around heavy ball on a small classifier; the ESE runs before step ``ese_warmup``
+        (= ``ese_period`` by default) and every ``ese_period`` steps after it:
+
+        >>> import torch
+        >>> from curvopt.optim import FOSI
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> loss_fn = torch.nn.functional.cross_entropy
+        >>> base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        >>> opt = FOSI(base, loss_fn, (x, y), model=model, k=2, ese_period=2)
+        >>> for _ in range(4):
+        ...     opt.zero_grad()
+        ...     loss = loss_fn(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.ese_count, opt.V.shape[0]
+        (1, 2)
+
+        Pickling FOSI (``copy.deepcopy`` always works) needs a ``loss_fn`` that pickle can
+        import, e.g. a module-level function.
     """
 
     def __init__(
@@ -264,7 +289,7 @@ class FOSI(Optimizer):
         is_adam = isinstance(base, _ADAM_FAMILY)
         if lr_clip is None:
             lr_clip = 1.0 if is_adam else 3.0
-        if lr_clip < 1.0:
+        if not lr_clip >= 1.0:  # NaN fails too
             raise ValueError(f"lr_clip (c) must be ≥ 1, got {lr_clip}")
         if is_adam and lr_clip != 1.0:
             log.warning(
@@ -289,6 +314,8 @@ class FOSI(Optimizer):
             )
 
         self._generator = torch.Generator(device="cpu").manual_seed(self.seed) if self.fresh_start else None
+        self._forward_mode_checked = False
+        self._set_lr_refs()
         self._layout()
         self.t = 0
         self.ese_count = 0
@@ -321,6 +348,44 @@ class FOSI(Optimizer):
         if form != "none" and not 0.0 <= beta < 1.0 + 1e-12:
             raise ValueError(f"newton_beta must lie in [0, 1], got {beta}")
         return form, float(beta)
+
+    def _set_lr_refs(self) -> None:
+        """Give every group its reference lr (key :data:`LR_REF_KEY`) if it has none yet.
+
+        The reference is the lr a scheduler started from (``initial_lr``) when one was already
+        attached, else the group's lr when FOSI first sees the group. The Newton part of a group is
+        scaled by ``lr / reference`` (see :meth:`step`).
+        """
+        for group in self.param_groups:
+            if LR_REF_KEY not in group:
+                group[LR_REF_KEY] = float(group.get("initial_lr", group["lr"]))
+
+    def _lr_ratios(self) -> list[float]:
+        """Per parameter (``_params`` order): ``lr / reference lr`` of its group (see :meth:`step`)."""
+        ratios: list[float] = []
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            ref = float(group.get(LR_REF_KEY, lr))
+            if lr == 0.0:
+                ratio = 0.0
+            elif ref == 0.0 or lr == ref:
+                ratio = 1.0
+            else:
+                ratio = lr / ref
+            ratios.extend([ratio] * len(group["params"]))
+        return ratios
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything FOSI holds (``copy.deepcopy`` and ``pickle``).
+
+        ``torch.optim.Optimizer`` pickles only ``defaults``, ``state`` and ``param_groups``; FOSI
+        also needs its base, step counter, eigenbasis, velocity and loss. Pickling needs a loss
+        function (and a model) that pickle can import, e.g. defined at module level.
+        """
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
 
     def _layout(self) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
@@ -380,6 +445,7 @@ class FOSI(Optimizer):
             return
         self.base.add_param_group(param_group)
         self.param_groups = self.base.param_groups
+        self._set_lr_refs()
         log.warning("FOSI: parameter group added; the eigenbasis is dropped until the next ESE")
         self._layout()
         self._reset_basis_state()
@@ -403,20 +469,52 @@ class FOSI(Optimizer):
         return t == W if T is None else (t - W) % T == 0
 
     # -- ESE ---------------------------------------------------------------------------------------
-    def _hvp(self, batch: Any) -> Callable[[Tensor], Tensor]:
+    def _hvp(
+        self, batch: Any, mode: str | None = None, reuse: bool | None = None
+    ) -> Callable[[Tensor], Tensor]:
+        mode = self.hvp_mode if mode is None else mode
+        reuse = self.hvp_reuse if reuse is None else reuse
         if self.model is not None:
-            return make_flat_hvp(
-                self._hvp_model, self.loss_fn, self._named, batch, self.hvp_mode, self.hvp_reuse
-            )
+            return make_flat_hvp(self._hvp_model, self.loss_fn, self._named, batch, mode, reuse)
         names, loss_fn = list(self._named), self.loss_fn
 
         def loss_of(p: dict[str, Tensor]) -> Tensor:
             return loss_fn([p[nm] for nm in names], batch)
 
-        return flat_hvp(loss_of, self._named, self.hvp_mode, self.hvp_reuse)
+        return flat_hvp(loss_of, self._named, mode, reuse)
 
+    def _check_forward_mode(self, batch: Any) -> None:
+        """Before the first forward-over-reverse ESE, try one plain ``jvp(grad)`` product.
+
+        Some losses have no working forward-mode derivative of their backward in torch:
+        ``F.mse_loss`` raises "ZeroTensors are immutable" under ``jvp(grad)``, and under
+        ``torch.func.linearize`` (the ``hvp_reuse`` path) the same bug kills the process with a
+        segmentation fault, which no ``except`` can catch. One eager product, which raises instead,
+        tells the two apart; on failure FOSI switches to ``reverse_over_reverse`` (double backward:
+        the same Hessian) for good, with a warning. The probe runs once per optimizer and is left
+        out of the ESE's time; its product is discarded, so the Lanczos run is unchanged.
+        """
+        if self._forward_mode_checked or self.hvp_mode != "forward_over_reverse" or batch is None:
+            return
+        probe = torch.ones(self.n, dtype=self._dtype, device=self._device)
+        try:
+            self._hvp(batch, "forward_over_reverse", reuse=False)(probe)
+        except (RuntimeError, NotImplementedError) as err:
+            log.warning(
+                "FOSI: forward-mode Hessian products fail for this loss, a known torch gap (e.g. "
+                "F.mse_loss) [%s: %s]; using hvp_mode='reverse_over_reverse' (double backward) instead",
+                type(err).__name__,
+                str(err).splitlines()[0] if str(err) else "",
+            )
+            self.hvp_mode = "reverse_over_reverse"
+        self._forward_mode_checked = True
+
+    @torch.compiler.disable
     def run_ese(self, batch: Any = None) -> LanczosResult | None:
         """Estimate the extreme eigenpairs at the current parameters and install them.
+
+        Never traced by ``torch.compile`` (Lanczos is host-synchronising Python control flow; a
+        compiled :meth:`step` runs it eagerly).
 
         Args:
             batch: The batch to differentiate on with ``ese_batch_mode='current'``; ignored in
@@ -433,6 +531,7 @@ class FOSI(Optimizer):
         ese_batch = self.ese_batch if self.ese_batch_mode == "fixed" else batch
         if ese_batch is None:
             raise ValueError("ese_batch_mode='current' needs the batch: call step(batch=...)")
+        self._check_forward_mode(ese_batch)
         try:
             result = lanczos(
                 self._hvp(ese_batch),
@@ -564,8 +663,22 @@ class FOSI(Optimizer):
         """One FOSI step on the gradients in ``p.grad``; an ESE first when one is due.
 
         Before the first ESE (or after a dropped one) this is ``base.step()`` and nothing else.
-        After a FOSI update ``p.grad`` holds g₂ (generic path) or g (SGD fast path), and a
-        parameter without a gradient has been given a zero one.
+        After a FOSI update ``p.grad`` holds g₂ (generic path) or g (SGD fast path).
+
+        As for any ``torch.optim`` optimizer:
+
+        * a parameter whose ``.grad`` is ``None`` (frozen, or unused by the loss) counts as
+          g = 0 in V̂g, is not moved and gets no ``.grad``;
+        * a group whose lr is 0 is not moved (the base does not move it, and neither the Newton
+          part nor the projection of the other groups' steps is applied to it);
+        * the whole step is linear in the lr: the Newton part of a group, α·V̂ diag(u) V̂ᵀv̄ in
+          the paper (where α is a constant of its own), is multiplied by ``lr / lr_ref``, with
+          ``lr_ref`` the group's reference lr (kept in the group under ``"fosi_lr_ref"``: the
+          ``initial_lr`` of a scheduler attached before FOSI, else the group's lr when FOSI
+          first saw it). With a constant lr the factor is 1 and the update is the paper's; a
+          scheduler (warm-up, decay, StepLR) scales the base step and the Newton step alike, so
+          α keeps its meaning as the Newton step at the reference lr. A group whose reference
+          lr is 0 keeps α unscaled once its lr becomes positive.
 
         Args:
             closure: Recomputes the loss and the gradients (run with gradients enabled), as for
@@ -582,16 +695,24 @@ class FOSI(Optimizer):
         Raises:
             ValueError: A parameter or gradient is not contiguous, or ``batch`` is missing in
                 ``current`` mode when an ESE is due.
+            RuntimeError: A gradient is sparse (nothing is changed).
             LanczosError: An ESE failed and ``on_ese_failure='raise'``.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if any(p.grad is not None and p.grad.is_sparse for p in self._params):
+            raise RuntimeError(
+                "FOSI does not support sparse gradients (V̂g and the projections are dense); nothing "
+                "was changed"
+            )
         ese_ran = ese_failed = 0
         ese_time = 0.0
         lanczos_iters = 0
         if self.ese_due():
+            if not self._forward_mode_checked and self.hvp_mode == "forward_over_reverse":
+                self._check_forward_mode(self.ese_batch if self.ese_batch_mode == "fixed" else batch)
             t0 = time.perf_counter()
             result = self.run_ese(batch)
             ese_time = time.perf_counter() - t0
@@ -624,14 +745,15 @@ class FOSI(Optimizer):
 
     def _fosi_update(self) -> None:
         params, blocks = self._params, self._blocks
-        grads = []
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(_flat(p.grad))
+        # a parameter without a gradient (frozen, or unused by the loss) counts as g = 0 and is
+        # not moved; nor is a parameter of a group with lr 0 (see step)
+        grads = [None if p.grad is None else _flat(p.grad) for p in params]
+        ratios = self._lr_ratios()
+        moved = [g is not None and r != 0.0 for g, r in zip(grads, ratios)]
         c = torch.zeros(self.k + self.l, dtype=self._dtype, device=self._device)
         for b, g in zip(blocks, grads):  # c = V̂g
-            c.addmv_(b, g)
+            if g is not None:
+                c.addmv_(b, g)
         # Newton part on the velocity's coefficients: V̂v̄ = a + ρ·V̂r
         self._vel_coef.mul_(self._mom_av).add_(c, alpha=self._mom_ag)
         self._vel_res_scale *= self._mom_av
@@ -639,19 +761,25 @@ class FOSI(Optimizer):
         if self._vel_res is not None and self._vel_res_scale != 0.0:
             vproj.add_(self._vel_res_proj, alpha=self._vel_res_scale)
         coef = vproj.mul_(self.u).mul_(-self.alpha)  # V̂ coefficients of d₁
+        # the Newton part follows the lr schedule: lr / (reference lr) per group (step docstring)
+        newton = coef.clone() if any(r not in (0.0, 1.0) for r in ratios) else None
         s = self.scale
-        kind = self._fast_path_kind()
+        # the SGD fast path feeds the base every gradient; without one for some parameter the
+        # base would skip it and the coefficient bookkeeping would not hold: generic path
+        kind = self._fast_path_kind() if all(g is not None for g in grads) else None
         if kind is not None:
             self._fast_sgd_step(kind, c, coef, s)
         else:
             self._sync_base_buffers()
             for b, g in zip(blocks, grads):  # g₂ = g − V̂ᵀc in place: the base sees g₂ only
-                g.addmv_(b.T, c, alpha=-1.0)
-            if self._old is None:
-                self._old = [torch.empty_like(p) for p in params]
-            torch._foreach_copy_(self._old, [p.detach() for p in params])
+                if g is not None:
+                    g.addmv_(b.T, c, alpha=-1.0)
+            old = self._old  # a local: torch.compile (2.13) can read a just-set attribute as stale
+            if old is None:
+                old = [torch.empty_like(p) for p in params]
+                self._old = old
+            torch._foreach_copy_(old, [p.detach() for p in params])
             self.base.step()
-            old = self._old
             torch._foreach_sub_(old, [p.detach() for p in params])  # old = −d_b
             e_neg = torch.zeros_like(c)
             for b, d in zip(blocks, old):
@@ -659,8 +787,14 @@ class FOSI(Optimizer):
             if s != 1.0:
                 torch._foreach_add_([p.detach() for p in params], old, alpha=-(s - 1.0))
             coef.add_(e_neg, alpha=s)  # s·d₂ = s·d_b − s·V̂ᵀV̂d_b
-        for b, p in zip(blocks, params):
-            _flat(p.detach()).addmv_(b.T, coef)
+        scaled: dict[float, Tensor] = {1.0: coef}
+        for b, p, r, move in zip(blocks, params, ratios, moved):
+            if not move:
+                continue
+            if r not in scaled:  # coef + (r − 1)·d₁-coefficients: the Newton part at r·α
+                assert newton is not None
+                scaled[r] = coef.add(newton, alpha=r - 1.0)
+            _flat(p.detach()).addmv_(b.T, scaled[r])
 
     def _fast_sgd_step(self, kind: str, c: Tensor, coef: Tensor, s: float) -> None:
         """``torch.optim.SGD`` fed the full g, corrected inside span(V̂) (see the module docstring).
@@ -707,9 +841,11 @@ class FOSI(Optimizer):
         continues bit for bit.
 
         Returns:
-            ``{"base": base.state_dict(), "fosi": {...}}``; FOSI's part holds the step counter,
-            ESE count, V̂, λ̂, the Newton velocity, the fast path's projections and the start
-            vector generator's state.
+            ``torch.optim``'s layout, the base's ``{"state": ..., "param_groups": ...}``, with one
+            extra key ``"fosi"`` holding the step counter, ESE count, V̂, λ̂, the Newton velocity,
+            the fast path's projections, the HVP mode in use and the start vector generator's
+            state. Only tensors and plain Python values: it loads with
+            ``torch.load(..., weights_only=True)``.
         """
         base = self.base.state_dict()
         fed: dict[int, Tensor] = {}
@@ -739,11 +875,13 @@ class FOSI(Optimizer):
             "vel_coef": self._vel_coef,
             "mom_proj": self._mom_proj,
             "generator": self._generator.get_state() if self._generator is not None else None,
+            "hvp_mode": self.hvp_mode,
+            "forward_mode_checked": self._forward_mode_checked,
         }
         if fed:
             fosi["fed_buffers"] = fed
             fosi["mom_proj_fed"] = self._mom_proj_fed.clone()
-        return {"base": base, "fosi": fosi}
+        return {**base, "fosi": fosi}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         """Restore the base's and FOSI's state from :meth:`state_dict`'s output.
@@ -752,18 +890,28 @@ class FOSI(Optimizer):
 
         Args:
             state_dict: A dict as returned by :meth:`state_dict` (of a FOSI over the same
-                parameters and options).
+                parameters and options); the layout of earlier versions,
+                ``{"base": base.state_dict(), "fosi": {...}}``, is accepted too.
 
         Raises:
-            ValueError: ``state_dict`` lacks the ``base`` or ``fosi`` part.
+            ValueError: ``state_dict`` lacks the base optimizer's part or the ``fosi`` part.
         """
-        if "base" not in state_dict or "fosi" not in state_dict:
-            raise ValueError("not a FOSI state dict (needs 'base' and 'fosi')")
-        self.base.load_state_dict(state_dict["base"])
+        if "fosi" in state_dict and "base" in state_dict:  # the layout before torch's
+            base_sd = state_dict["base"]
+        elif "fosi" in state_dict and "state" in state_dict and "param_groups" in state_dict:
+            base_sd = {k: v for k, v in state_dict.items() if k != "fosi"}
+        else:
+            raise ValueError("not a FOSI state dict (needs 'state', 'param_groups' and 'fosi')")
+        self.base.load_state_dict(base_sd)
         # torch rebuilds the group dicts on load: re-link them
         self.param_groups = self.base.param_groups
         self.state = self.base.state
+        self._set_lr_refs()
         fs = state_dict["fosi"]
+        if fs.get("forward_mode_checked") and self.hvp_mode == "forward_over_reverse":
+            # the saved run already probed forward mode (and fell back if it failed)
+            self.hvp_mode = str(fs.get("hvp_mode", self.hvp_mode))
+            self._forward_mode_checked = True
         self.t, self.ese_count = int(fs["t"]), int(fs["ese_count"])
         dev, dt = self._device, self._dtype
 
@@ -794,11 +942,45 @@ class FOSI(Optimizer):
 
 
 # -- ready-made FOSI variants -----------------------------------------------------------------------
+# The three factories share one signature, FOSI's own order: (params, loss_fn, ese_batch, lr, <the
+# base's options>, **FOSI options); everything after ``params`` can be given by keyword. FOSI-HB and
+# FOSI-GD used to take ``lr`` second, ``(params, lr, loss_fn, ese_batch, momentum)``: a number in the
+# ``loss_fn`` slot is read in that old order (with a DeprecationWarning).
+
+
+def _is_lr(value: Any) -> bool:
+    return isinstance(value, int | float | Tensor) and not isinstance(value, bool) and not callable(value)
+
+
+def _old_order(
+    name: str, loss_fn: Any, ese_batch: Any, lr: Any
+) -> tuple[Callable[..., Tensor], Any, float | None]:
+    """Map a call in the old order ``(params, lr, loss_fn, ese_batch, ...)`` to the new slots.
+
+    In the new signature the old arguments land one slot off: ``loss_fn`` holds the lr,
+    ``ese_batch`` the loss and ``lr`` the ESE batch (``None`` when it was not given).
+    """
+    if not _is_lr(loss_fn):
+        return loss_fn, ese_batch, lr
+    warnings.warn(
+        f"{name}(params, lr, loss_fn, ese_batch, ...) is the old argument order; use "
+        f"{name}(params, loss_fn, ese_batch, lr=...)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return ese_batch, lr, loss_fn
+
+
+def _check_loss_fn(name: str, loss_fn: Any) -> None:
+    if not callable(loss_fn):
+        raise TypeError(f"{name}: loss_fn must be callable, got {type(loss_fn).__name__}")
+
+
 def fosi_heavy_ball(
     params: Iterable[Any],
-    lr: float,
     loss_fn: Callable[..., Tensor],
     ese_batch: Any = None,
+    lr: float | None = None,
     momentum: float = 0.9,
     **kwargs: Any,
 ) -> FOSI:
@@ -806,15 +988,38 @@ def fosi_heavy_ball(
 
     Args:
         params: The parameters (or parameter groups) to optimize.
-        lr: The heavy-ball learning rate η.
         loss_fn: The loss (see :class:`FOSI`).
         ese_batch: The ESE batch (see :class:`FOSI`).
+        lr: The heavy-ball learning rate η (``None``: 0.01, the config default).
         momentum: Heavy-ball momentum β.
         **kwargs: Further :class:`FOSI` options (``model``, ``k``, ``alpha``, ...).
 
     Returns:
         The FOSI optimizer.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable.
+        ValueError: As :class:`FOSI` and ``torch.optim.SGD`` (a negative or non-finite lr, ...).
+
+    Example:
+        >>> import torch
+        >>> from curvopt.optim import fosi_heavy_ball
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> loss_fn = torch.nn.functional.cross_entropy
+        >>> opt = fosi_heavy_ball(model.parameters(), loss_fn, (x, y), lr=0.1, model=model, k=2, ese_period=2)
+        >>> for _ in range(4):
+        ...     opt.zero_grad()
+        ...     loss = loss_fn(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.ese_count
+        1
     """
+    loss_fn, ese_batch, lr = _old_order("fosi_heavy_ball", loss_fn, ese_batch, lr)
+    _check_loss_fn("fosi_heavy_ball", loss_fn)
+    lr = 0.01 if lr is None else lr
     return FOSI(torch.optim.SGD(params, lr=lr, momentum=momentum), loss_fn, ese_batch, **kwargs)
 
 
@@ -840,25 +1045,73 @@ def fosi_adam(
 
     Returns:
         The FOSI optimizer.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable.
+        ValueError: As :class:`FOSI` and ``torch.optim.Adam`` (lr, betas or eps out of range).
+
+    Example:
+        >>> import torch
+        >>> from curvopt.optim import fosi_adam
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> loss_fn = torch.nn.functional.cross_entropy
+        >>> opt = fosi_adam(model.parameters(), loss_fn, (x, y), lr=1e-2, model=model, k=2, ese_period=2)
+        >>> for _ in range(4):
+        ...     opt.zero_grad()
+        ...     loss = loss_fn(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.ese_count
+        1
     """
+    _check_loss_fn("fosi_adam", loss_fn)
     return FOSI(torch.optim.Adam(params, lr=lr, betas=tuple(betas), eps=eps), loss_fn, ese_batch, **kwargs)
 
 
 def fosi_gd(
-    params: Iterable[Any], lr: float, loss_fn: Callable[..., Tensor], ese_batch: Any = None, **kwargs: Any
+    params: Iterable[Any],
+    loss_fn: Callable[..., Tensor],
+    ese_batch: Any = None,
+    lr: float | None = None,
+    **kwargs: Any,
 ) -> FOSI:
     """FOSI-GD: plain gradient descent (``torch.optim.SGD``) as the base, no Newton momentum.
 
     Args:
         params: The parameters (or parameter groups) to optimize.
-        lr: The gradient-descent learning rate η.
         loss_fn: The loss (see :class:`FOSI`).
         ese_batch: The ESE batch (see :class:`FOSI`).
+        lr: The gradient-descent learning rate η (``None``: 0.01, the config default).
         **kwargs: Further :class:`FOSI` options (``model``, ``k``, ``alpha``, ...).
 
     Returns:
         The FOSI optimizer.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable.
+        ValueError: As :class:`FOSI` and ``torch.optim.SGD``.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.optim import fosi_gd
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> loss_fn = torch.nn.functional.cross_entropy
+        >>> opt = fosi_gd(model.parameters(), loss_fn, (x, y), lr=0.1, model=model, k=2, ese_period=2)
+        >>> for _ in range(4):
+        ...     opt.zero_grad()
+        ...     loss = loss_fn(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.ese_count
+        1
     """
+    loss_fn, ese_batch, lr = _old_order("fosi_gd", loss_fn, ese_batch, lr)
+    _check_loss_fn("fosi_gd", loss_fn)
+    lr = 0.01 if lr is None else lr
     return FOSI(torch.optim.SGD(params, lr=lr), loss_fn, ese_batch, **kwargs)
 
 
@@ -894,6 +1147,20 @@ def make_base_optimizer(
 
     Raises:
         ValueError: ``name`` is not one of :data:`BASES`.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.optim import make_base_optimizer
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = make_base_optimizer("heavy_ball", model.parameters(), lr=0.1)
+        >>> x, y = torch.randn(8, 4), torch.randn(8, 2)
+        >>> for _ in range(2):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> type(opt).__name__
+        'SGD'
     """
     if name == "heavy_ball":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

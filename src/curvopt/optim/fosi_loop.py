@@ -20,7 +20,7 @@ from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.objective import Objective, mean_loss
 from curvopt.optim.fosi import FOSI, VARIANTS, make_base_optimizer
 
-__all__ = ["FOSIAlgorithm", "build_fosi", "draw_ese_batch"]
+__all__ = ["FOSIAlgorithm", "ObjectiveLoss", "build_fosi", "draw_ese_batch"]
 
 
 class FOSIAlgorithm(AlgorithmBase):
@@ -31,6 +31,24 @@ class FOSIAlgorithm(AlgorithmBase):
         fosi: The optimizer, built on the objective model's trainable parameters.
         grad_clip_value: Clip gradients element-wise to this value before FOSI sees them (the FOSI
             paper's AE task chains ``optax.clip(1.0)`` before every optimizer); ``None``: no clipping.
+
+    Example:
+        The loop's protocol: ``step(batch)`` runs ``zero_grad``, the forward, ``backward`` and
+        :meth:`FOSI.step <curvopt.optim.fosi.FOSI.step>`:
+
+        >>> import torch
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import FOSIAlgorithm, fosi_heavy_ball
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> loss_fn = torch.nn.functional.cross_entropy
+        >>> fosi = fosi_heavy_ball(model.parameters(), loss_fn, (x, y), lr=0.1, model=model, k=2, ese_period=2)
+        >>> alg = FOSIAlgorithm(Objective(model, "cross_entropy"), fosi)
+        >>> for _ in range(4):
+        ...     info = alg.step((x, y))
+        >>> info["ese_count"], info["fosi_active"]
+        (1, 1)
     """
 
     def __init__(self, objective: Objective, fosi: FOSI, grad_clip_value: float | None = None) -> None:
@@ -75,6 +93,33 @@ class FOSIAlgorithm(AlgorithmBase):
             state: A dict as returned by :meth:`state_dict`.
         """
         self.fosi.load_state_dict(state["fosi"])
+
+
+class ObjectiveLoss:
+    """``loss_fn(outputs, targets)``: the objective's mean loss, as FOSI's ESE differentiates it.
+
+    A module-level callable rather than a closure, so that the algorithm pickles.
+
+    Args:
+        kind: The loss kind (see :func:`curvopt.objective.mean_loss`).
+        ignore_index: Cross-entropy target value that contributes nothing.
+    """
+
+    def __init__(self, kind: str, ignore_index: int = -100) -> None:
+        self.kind = kind
+        self.ignore_index = ignore_index
+
+    def __call__(self, out: Tensor, y: Tensor) -> Tensor:
+        """The mean loss of ``out`` against ``y``.
+
+        Args:
+            out: Model outputs.
+            y: Targets.
+
+        Returns:
+            The scalar mean loss.
+        """
+        return mean_loss(out, y, self.kind, self.ignore_index)
 
 
 def draw_ese_batch(data: DataBundle, size: int, seed: int = 0, source: str = "random") -> Batch:
@@ -160,6 +205,21 @@ def build_fosi(
     Raises:
         ValueError: The two clipping aliases disagree, ``variant`` is unknown, or the options
             set ``ese_batch_mode`` (use ``ese_batch``).
+
+    Example:
+        >>> import torch
+        >>> from curvopt.api import DataBundle
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import build_fosi
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+        >>> alg = build_fosi(Objective(model, "cross_entropy"), DataBundle(train=(x, y)), base="adam",
+        ...                  lr=1e-2, k=2, ese_period=2, ese_batch_size=32)
+        >>> for i in range(4):
+        ...     info = alg.step((x[16 * i : 16 * i + 16], y[16 * i : 16 * i + 16]))
+        >>> info["ese_count"]
+        1
     """
     if grad_clip_value is not None and clip_grad_value is not None and grad_clip_value != clip_grad_value:
         raise ValueError(f"grad_clip_value={grad_clip_value} and clip_grad_value={clip_grad_value} disagree")
@@ -183,10 +243,6 @@ def build_fosi(
         weight_decay,
     )
     fixed = draw_ese_batch(data, ese_batch_size, ese_seed, ese_batch_source) if ese_batch == "fixed" else None
-    kind, ignore = objective.loss_kind, objective.ignore_index
-
-    def loss_fn(out: Tensor, y: Tensor) -> Tensor:
-        return mean_loss(out, y, kind, ignore)
-
+    loss_fn = ObjectiveLoss(objective.loss_kind, objective.ignore_index)
     fosi = FOSI(base_opt, loss_fn, fixed, model=objective.model, ese_batch_mode=ese_batch, **options)
     return FOSIAlgorithm(objective, fosi, grad_clip_value=clip)

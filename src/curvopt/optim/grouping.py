@@ -146,7 +146,26 @@ def build_optimizer(
         The optimizer.
 
     Raises:
-        ValueError: If ``method`` is unknown, no parameter qualifies, or ``lr`` is missing.
+        ValueError: If ``method`` is unknown, no parameter qualifies, or ``lr`` is missing (and
+            as the method's constructor, e.g. a negative or NaN lr).
+
+    Example:
+        Alice-0 on every ``nn.Linear`` but the last (a model without ``attn``/``mlp`` modules),
+        Adam on the rest, in the usual loop:
+
+        >>> import torch
+        >>> from curvopt.optim import build_optimizer
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> opt = build_optimizer(model, "alice0", lr=0.02, rank=2, lm_head_in_method=False)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> [len(g["params"]) for g in opt.param_groups], [g["adam"] for g in opt.param_groups]
+        ([1, 3], [False, True])
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
@@ -208,6 +227,22 @@ def build_grouped(
 
     Returns:
         The ``torch.optim.Optimizer``.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import build_grouped
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> opt = build_grouped(Objective(model, "squared_error"), method="racs", lr=0.02)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> type(opt).__name__
+        'RACS'
     """
     del data
     return build_optimizer(objective.model, method, **hparams)

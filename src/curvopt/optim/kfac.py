@@ -40,6 +40,7 @@ forward for ρ, so only the training forward updates them.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,37 @@ class _Block:
     inputs: Tensor | None = None  # captured during the K-FAC forward
     outputs: Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _CaptureHook:
+    """Forward hook of one K-FAC block: keeps the layer's input and output while K-FAC captures.
+
+    A module-level callable rather than a closure, so that a model carrying it (and K-FAC with
+    it) can be pickled, and ``copy.deepcopy`` of a K-FAC binds the copied model's hook to the
+    copied K-FAC. A copy of the model alone shares the hook, as it would share a function.
+    """
+
+    def __init__(self, owner: KFAC, block: _Block) -> None:
+        self.owner = owner
+        self.block = block
+
+    def __call__(self, module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        if self.owner._capturing:
+            self.block.inputs = inputs[0].detach()
+            self.block.outputs = output
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _CaptureHook:
+        if id(self.owner) not in memo:  # the model is copied, not its K-FAC
+            return self
+        return _CaptureHook(copy.deepcopy(self.owner, memo), copy.deepcopy(self.block, memo))
+
+
+def _check_positive(name: str, value: Any, allow_inf: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    if not ok or (not allow_inf and not math.isfinite(value)):
+        raise ValueError(
+            f"K-FAC: {name} must be a {'' if allow_inf else 'finite '}positive number, got {value!r}"
+        )
 
 
 def _conv_supported(m: nn.Module) -> bool:
@@ -199,9 +231,32 @@ class KFAC(AlgorithmBase):
         seed: Seed of the target sampling.
 
     Raises:
-        ValueError: On an unknown ``estimation``/``uncovered``, a non-numeric ``lr``/``momentum``
-            other than ``"adaptive"``, a non-positive damping or an EMA outside ``[0, 1)``.
+        ValueError: On an unknown ``estimation``/``uncovered``, an ``lr`` that is neither
+            ``"adaptive"`` nor a finite positive number, a ``momentum`` that is neither
+            ``"adaptive"`` nor finite and non-negative, a damping (or its bounds) that is not a
+            finite positive number (NaN included), a decay outside ``(0, 1]``, a period below 1,
+            or an EMA outside ``[0, 1)``.
+        TypeError: If a trainable parameter is complex (or not floating point).
         NotImplementedError: If ``uncovered="error"`` and some parameter has no block.
+
+    Example:
+        K-FAC is an :class:`~curvopt.api.Algorithm`: ``step(batch)`` runs the forward, the
+        backward and the update itself (there is no ``zero_grad``/``backward`` for the caller):
+
+        >>> import torch
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import KFAC
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> kfac = KFAC(Objective(model, "cross_entropy"), lr=0.1, momentum=0.5)
+        >>> for _ in range(3):
+        ...     info = kfac.step((x, y))
+        >>> kfac.step_count, sorted(info)[:3]
+        (3, ['damping', 'loss', 'lr_coeff'])
+
+        ``copy.deepcopy`` and ``pickle`` copy the model with it (hooks included), and
+        :meth:`state_dict` loads with ``torch.load(..., weights_only=True)``.
     """
 
     def __init__(
@@ -232,12 +287,47 @@ class KFAC(AlgorithmBase):
         if uncovered not in UNCOVERED:
             raise ValueError(f"uncovered must be one of {UNCOVERED}, got {uncovered!r}")
         for name, value in (("lr", lr), ("momentum", momentum)):
-            if isinstance(value, str) and value != "adaptive":
-                raise ValueError(f"{name} must be a number or 'adaptive', got {value!r}")
-        if damping <= 0:
-            raise ValueError(f"damping must be positive, got {damping}")
+            if isinstance(value, str):
+                if value != "adaptive":
+                    raise ValueError(f"{name} must be a number or 'adaptive', got {value!r}")
+            elif (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or (value <= 0 if name == "lr" else value < 0)
+            ):
+                kind = "positive" if name == "lr" else "non-negative"
+                raise ValueError(f"K-FAC: {name} must be 'adaptive' or a finite {kind} number, got {value!r}")
+        _check_positive("damping", damping)
+        _check_positive("min_damping", min_damping)
+        _check_positive("max_damping", max_damping, allow_inf=True)
+        if not min_damping <= max_damping:
+            raise ValueError(f"K-FAC: need min_damping <= max_damping, got {min_damping} > {max_damping}")
+        if not 0.0 < damping_adaptation_decay <= 1.0:  # NaN fails too
+            raise ValueError(
+                f"K-FAC: damping_adaptation_decay must be in (0, 1], got {damping_adaptation_decay}"
+            )
+        if not (math.isfinite(l2_reg) and l2_reg >= 0):
+            raise ValueError(f"K-FAC: l2_reg must be a finite non-negative number, got {l2_reg}")
+        for name, value in (
+            ("damping_adaptation_interval", damping_adaptation_interval),
+            ("curvature_update_period", curvature_update_period),
+            ("inverse_update_period", inverse_update_period),
+        ):
+            if int(value) != value or value < 1:
+                raise ValueError(f"K-FAC: {name} must be a positive number of steps, got {value!r}")
+        if clip_grad_value is not None and not (math.isfinite(clip_grad_value) and clip_grad_value > 0):
+            raise ValueError(
+                f"K-FAC: clip_grad_value must be None or a finite positive number, got {clip_grad_value}"
+            )
         if not 0.0 <= curvature_ema < 1.0:
             raise ValueError(f"curvature_ema must be in [0, 1), got {curvature_ema}")
+        for p in objective.model.parameters():
+            if p.requires_grad and not p.is_floating_point():
+                raise TypeError(
+                    f"K-FAC supports real floating-point parameters only, got {p.dtype} "
+                    f"(shape {tuple(p.shape)})"
+                )
         self.objective = objective
         self.lr, self.momentum = lr, momentum
         self.damping = float(damping)
@@ -267,7 +357,7 @@ class KFAC(AlgorithmBase):
         )
         self._capturing = False
         self._hooks = [
-            b.module.register_forward_hook(self._make_hook(b)) for b in self.blocks if b.kind != "diag"
+            b.module.register_forward_hook(_CaptureHook(self, b)) for b in self.blocks if b.kind != "diag"
         ]
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -302,14 +392,6 @@ class KFAC(AlgorithmBase):
             )
         blocks += [_Block(n, "diag", None, [p]) for n, p in rest]
         return blocks
-
-    def _make_hook(self, block: _Block):
-        def hook(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-            if self._capturing:
-                block.inputs = inputs[0].detach()
-                block.outputs = output
-
-        return hook
 
     # -- factors -----------------------------------------------------------------------------------------
     def _rows_A(self, b: _Block) -> Tensor:
@@ -581,6 +663,20 @@ def build_kfac(objective: Objective, data: DataBundle, **options: Any) -> KFAC:
 
     Returns:
         The :class:`KFAC` algorithm.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.api import DataBundle
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import build_kfac
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> alg = build_kfac(Objective(model, "cross_entropy"), DataBundle(train=(x, y)), lr=0.1, momentum=0.5)
+        >>> for _ in range(2):
+        ...     info = alg.step((x, y))
+        >>> type(alg).__name__, "loss" in info
+        ('KFAC', True)
     """
     del data
     return KFAC(objective, **options)

@@ -28,6 +28,22 @@ comparison inherits (quirks kept; docs/decisions.md, RACS-19):
   (the paper's Table 3 counts APOLLO-Mini as ``2n + 2``, i.e. a regenerated projection).
 
 The projector objects live in the optimizer state (pickled by ``state_dict``, as upstream).
+
+Where the upstream classes fall short of a ``torch.optim`` citizen (tests/test_optim_conformance.py
+marks each gap), we wrap at construction and document the rest rather than patch their code:
+
+* **hyper-parameters**: upstream accepts ``lr=nan`` (and NaN/inf betas, ε, weight decay); our
+  factories :func:`galore`, :func:`fira`, :func:`apollo` refuse them with ``ValueError``, and
+  refuse complex parameters with ``TypeError`` (upstream would run its real SVD/Adam on them).
+  Groups added later with ``add_param_group`` go to upstream unchecked;
+* **closure**: upstream ``step`` runs under ``torch.no_grad()`` and calls the closure without
+  re-enabling gradients, so a closure that calls ``backward()`` fails. Wrap its body in
+  ``with torch.enable_grad():`` or call ``loss.backward()`` before ``step()``;
+* **weights_only loading**: the saved state holds the projector objects, which
+  ``torch.load(..., weights_only=True)`` refuses unless allowed:
+  ``with torch.serialization.safe_globals(state_globals("galore")): torch.load(path, weights_only=True)``
+  (:func:`state_globals`);
+* sparse gradients raise upstream's ``RuntimeError`` ("Adam does not support sparse gradients").
 """
 
 from __future__ import annotations
@@ -36,6 +52,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import logging
+import math
 import sys
 import warnings
 from collections.abc import Iterable
@@ -129,6 +146,82 @@ def official_available(method: str) -> bool:
     return True
 
 
+def state_globals(method: str) -> list[type]:
+    """The classes a saved state of the official optimizer holds besides tensors and numbers.
+
+    For ``torch.load(..., weights_only=True)``, which refuses arbitrary objects::
+
+        with torch.serialization.safe_globals(state_globals("galore")):
+            state = torch.load(path, weights_only=True)
+
+    Args:
+        method: ``"galore"``, ``"fira"`` or ``"apollo"`` (any name starting with ``apollo``).
+
+    Returns:
+        The projector classes of that package.
+
+    Raises:
+        ImportError: If the package is missing.
+        ValueError: If ``method`` is unknown.
+    """
+    official_class(method)  # imports the package (or its modules) as the optimizer does
+    key = "apollo" if method.startswith("apollo") else method
+    modules = {
+        "galore": [("galore_torch.galore_projector", "GaLoreProjector")],
+        "fira": [("fira.gradient_projection", "GradientProjector")],
+        "apollo": [
+            ("apollo_torch.random_projector", "GradientProjector"),
+            ("apollo_torch.svd_projector", "GradientProjector"),
+        ],
+    }
+    if key not in modules:
+        raise ValueError(f"unknown method {method!r}; choose galore, fira or apollo")
+    out = []
+    for module, attr in modules[key]:
+        try:
+            out.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):  # a package version without that projector
+            continue
+    return out
+
+
+def _check_options(
+    name: str,
+    params: list[torch.nn.Parameter],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    rank: int,
+    update_proj_gap: int,
+    adam_lr: float | None,
+) -> None:
+    """Refuse what upstream accepts silently: NaN/inf/negative settings and complex parameters."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    for key, value in (("lr", lr), ("weight_decay", weight_decay)) + (
+        (("adam_lr", adam_lr),) if adam_lr is not None else ()
+    ):
+        if not (number(value) and value >= 0):
+            raise ValueError(f"{name}: {key} must be a finite non-negative number, got {value!r}")
+    if not (number(eps) and eps > 0):
+        raise ValueError(f"{name}: eps must be a finite positive number, got {eps!r}")
+    betas = tuple(betas)
+    if len(betas) != 2 or not all(number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{name}: betas must be two numbers in [0, 1), got {betas}")
+    if int(rank) != rank or rank < 1:
+        raise ValueError(f"{name}: rank must be a positive integer, got {rank!r}")
+    if int(update_proj_gap) != update_proj_gap or update_proj_gap < 1:
+        raise ValueError(f"{name}: update_proj_gap must be a positive integer, got {update_proj_gap!r}")
+    for p in params:
+        if not p.is_floating_point():
+            raise TypeError(
+                f"{name} supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
+            )
+
+
 def _two_groups(
     adam_params: Iterable[torch.nn.Parameter],
     method_params: Iterable[torch.nn.Parameter],
@@ -180,8 +273,35 @@ def galore(
 
     Raises:
         ImportError: If ``galore-torch`` is not installed.
+        ValueError: If ``lr``, ``adam_lr`` or ``weight_decay`` is negative or not finite, ``eps``
+            is not finite and positive, ``betas`` are not in ``[0, 1)``, or ``rank`` /
+            ``update_proj_gap`` is not a positive integer.
+        TypeError: If a parameter is complex (or not floating point).
+
+    Example:
+        The projected update on the hidden matrix, upstream's AdamW on the rest (the module
+        docstring lists where upstream differs from ``torch.optim``: the closure, ``weights_only``):
+
+        >>> import torch
+        >>> from curvopt.optim import galore
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> others = [model[0].bias, *model[2].parameters()]
+        >>> opt = galore(others, [model[0].weight], lr=0.01, rank=2, update_proj_gap=2)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.state[model[0].weight]["step"]
+        3
     """
     cls = official_class("galore")
+    adam_params, method_params = list(adam_params), list(method_params)
+    _check_options(
+        "galore", adam_params + method_params, lr, betas, eps, weight_decay, rank, update_proj_gap, adam_lr
+    )
     groups = _two_groups(
         adam_params,
         method_params,
@@ -229,8 +349,35 @@ def fira(
 
     Raises:
         ImportError: If ``fira`` is not installed.
+        ValueError: If ``lr``, ``adam_lr`` or ``weight_decay`` is negative or not finite, ``eps``
+            is not finite and positive, ``betas`` are not in ``[0, 1)``, or ``rank`` /
+            ``update_proj_gap`` is not a positive integer.
+        TypeError: If a parameter is complex (or not floating point).
+
+    Example:
+        The projected update on the hidden matrix, upstream's AdamW on the rest (the module
+        docstring lists where upstream differs from ``torch.optim``: the closure, ``weights_only``):
+
+        >>> import torch
+        >>> from curvopt.optim import fira
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> others = [model[0].bias, *model[2].parameters()]
+        >>> opt = fira(others, [model[0].weight], lr=0.01, rank=2, update_proj_gap=2)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.state[model[0].weight]["step"]
+        3
     """
     cls = official_class("fira")
+    adam_params, method_params = list(adam_params), list(method_params)
+    _check_options(
+        "fira", adam_params + method_params, lr, betas, eps, weight_decay, rank, update_proj_gap, adam_lr
+    )
     groups = _two_groups(
         adam_params,
         method_params,
@@ -289,8 +436,35 @@ def apollo(
 
     Raises:
         ImportError: If ``apollo-torch`` is not installed.
+        ValueError: If ``lr``, ``adam_lr`` or ``weight_decay`` is negative or not finite, ``eps``
+            is not finite and positive, ``betas`` are not in ``[0, 1)``, or ``rank`` /
+            ``update_proj_gap`` is not a positive integer.
+        TypeError: If a parameter is complex (or not floating point).
+
+    Example:
+        The projected update on the hidden matrix, upstream's AdamW on the rest (the module
+        docstring lists where upstream differs from ``torch.optim``: the closure, ``weights_only``):
+
+        >>> import torch
+        >>> from curvopt.optim import apollo
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> others = [model[0].bias, *model[2].parameters()]
+        >>> opt = apollo(others, [model[0].weight], lr=0.01, rank=2, update_proj_gap=2)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.state[model[0].weight]["step"]
+        3
     """
     cls = official_class("apollo")
+    adam_params, method_params = list(adam_params), list(method_params)
+    _check_options(
+        "apollo", adam_params + method_params, lr, betas, eps, weight_decay, rank, update_proj_gap, adam_lr
+    )
     groups = _two_groups(
         adam_params,
         method_params,

@@ -133,6 +133,25 @@ class MatrixOptimizer(torch.optim.Optimizer):
     Raises:
         ValueError: If a group has an invalid lr/weight decay/Adam setting, or a non-Adam group
             holds a parameter that is not 2-D.
+        TypeError: If a parameter is complex (or not floating point).
+
+    Example:
+        The base class alone runs only ``adam=True`` groups (a subclass supplies the matrix
+        update), in the usual loop:
+
+        >>> import torch
+        >>> from curvopt.optim import MatrixOptimizer
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = MatrixOptimizer([{"params": model.parameters(), "adam": True}], {"lr": 1e-2})
+        >>> x, y = torch.randn(8, 4), torch.randn(8, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> opt.state[model.weight]["step"]
+        3
     """
 
     method_name = "matrix"
@@ -156,6 +175,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
         Raises:
             ValueError: On an invalid setting or a non-2-D parameter in a method group.
+            TypeError: On a complex (or non-floating) parameter, in any group.
         """
         super().add_param_group(param_group)
         group = self.param_groups[-1]
@@ -169,6 +189,13 @@ class MatrixOptimizer(torch.optim.Optimizer):
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"{name}: adam_betas must be two numbers in [0, 1), got {betas}")
         group["state_dtype"] = as_dtype(group.get("state_dtype"))
+        for p in group["params"]:
+            if p.is_complex() or not p.is_floating_point():
+                raise TypeError(
+                    f"{name} supports real floating-point parameters only, got a parameter of dtype "
+                    f"{p.dtype} and shape {tuple(p.shape)}; optimise complex parameters as a real view "
+                    "(torch.view_as_real) with another optimizer"
+                )
         if not group["adam"]:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -212,18 +239,20 @@ class MatrixOptimizer(torch.optim.Optimizer):
         return group["state_dtype"] or p.dtype
 
     def _check_finite_gradients(self) -> None:
-        """Raise :class:`NonFiniteError` before anything changes when a gradient holds a NaN or an inf.
+        """Raise before anything changes when a gradient is sparse or holds a NaN or an inf.
+
+        A sparse gradient raises ``RuntimeError``, a non-finite one :class:`NonFiniteError`.
 
         NaN and inf survive a sum, so one sum per gradient and one host sync per step (~2 % of a
         RACS step on a CPU) clear the usual case; only a non-finite sum (or an overflowing one)
         pays for the exact element-wise check.
         """
-        params = [
-            p
-            for group in self.param_groups
-            for p in group["params"]
-            if p.grad is not None and not p.grad.is_sparse
-        ]
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if any(p.grad.is_sparse for p in params):
+            raise RuntimeError(
+                f"{type(self).__name__} does not support sparse gradients; no parameter or optimizer "
+                "state was changed (use a dense gradient, e.g. nn.Embedding(sparse=False))"
+            )
         if not params:
             return
         if bool(torch.stack([p.grad.sum().float() for p in params]).isfinite().all()):
@@ -252,7 +281,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
         Raises:
             NonFiniteError: If a gradient holds NaN/inf (nothing is changed).
-            RuntimeError: On a sparse gradient.
+            RuntimeError: On a sparse gradient (nothing is changed).
         """
         loss = None
         if closure is not None:
@@ -344,6 +373,26 @@ class RACS(MatrixOptimizer):
 
     Raises:
         ValueError: On an out-of-range hyperparameter or a non-2-D parameter in a method group.
+        TypeError: On a complex parameter.
+
+    Example:
+        RACS on the hidden matrix, Adam on the rest (what :func:`~curvopt.optim.build_optimizer`
+        sets up for a whole model):
+
+        >>> import torch
+        >>> from curvopt.optim import RACS
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> others = [model[0].bias, *model[2].parameters()]
+        >>> opt = RACS([{"params": [model[0].weight]}, {"params": others, "adam": True}], lr=0.02)
+        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> for _ in range(3):
+        ...     opt.zero_grad()
+        ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     loss.backward()
+        ...     opt.step()
+        >>> sorted(opt.state[model[0].weight])
+        ['phi', 'q', 's', 'step']
     """
 
     method_name = "racs"

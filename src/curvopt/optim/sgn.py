@@ -23,6 +23,7 @@ diagnostics, for comparison), ``grad_norm``, ``step_norm``, ``lr``, ``damping``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,13 @@ def _tree_dot(a: Params, b: Params) -> Tensor:
     return sum(torch.vdot(x.reshape(-1), b[k].reshape(-1)) for k, x in a.items())
 
 
+def _finite_positive(value: Any) -> bool:
+    """Whether ``value`` is a real number, finite and > 0 (NaN, inf and bools are not)."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
 class SGN(AlgorithmBase):
     """Full-softmax-GGN damped Newton step with warm-started parameter-space CG (an ``Algorithm``).
 
@@ -80,7 +88,25 @@ class SGN(AlgorithmBase):
             JAX/SciPy ``cg`` semantics).
 
     Raises:
-        ValueError: If the loss is not cross-entropy or a setting is out of range.
+        ValueError: If the loss is not cross-entropy or a setting is out of range (``lr`` and
+            ``damping`` must be finite positive numbers; NaN and inf are refused).
+        TypeError: If a trainable parameter is complex (or not floating point).
+
+    Example:
+        SGN is an :class:`~curvopt.api.Algorithm`: ``step(batch)`` does the forward, the CG
+        solve and the update itself (no ``zero_grad``/``backward`` for the caller):
+
+        >>> import torch
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import SGN
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> sgn = SGN(Objective(model, "cross_entropy"), lr=0.1, damping=1.0)
+        >>> for _ in range(3):
+        ...     info = sgn.step((x, y))
+        >>> sgn.steps, info["cg_iters"] <= 5
+        (3, True)
     """
 
     def __init__(
@@ -98,9 +124,16 @@ class SGN(AlgorithmBase):
             raise ValueError(
                 f"SGN here is the softmax cross-entropy baseline; got loss {objective.loss_kind!r}"
             )
-        if lr <= 0 or damping <= 0:
-            raise ValueError(f"SGN needs lr > 0 and damping > 0 (got lr={lr}, damping={damping})")
-        if cg_maxiter < 1 or cg_tol < 0:
+        if not (_finite_positive(lr) and _finite_positive(damping)):
+            raise ValueError(
+                f"SGN needs lr and damping to be finite positive numbers (got lr={lr}, damping={damping})"
+            )
+        for p in objective.model.parameters():
+            if p.requires_grad and not p.is_floating_point():
+                raise TypeError(
+                    f"SGN supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
+                )
+        if cg_maxiter < 1 or not cg_tol >= 0:  # NaN tolerance fails too
             raise ValueError(f"need cg_maxiter >= 1 and cg_tol >= 0 (got {cg_maxiter}, {cg_tol})")
         self.objective = objective
         self.lr = float(lr)
@@ -222,6 +255,20 @@ def build_sgn(objective: Objective, data: DataBundle | None = None, **cfg: Any) 
 
     Returns:
         The :class:`SGN` algorithm.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.api import DataBundle
+        >>> from curvopt.objective import Objective
+        >>> from curvopt.optim import build_sgn
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> alg = build_sgn(Objective(model, "cross_entropy"), DataBundle(train=(x, y)), lr=0.1)
+        >>> for _ in range(2):
+        ...     info = alg.step((x, y))
+        >>> type(alg).__name__, "loss" in info
+        ('SGN', True)
     """
     del data
     return SGN(objective, **cfg)

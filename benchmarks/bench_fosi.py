@@ -34,7 +34,7 @@ from curvopt.curvature.lanczos import lanczos
 from curvopt.models.mlp import autoencoder, mlp
 from curvopt.objective import Objective, mean_loss
 from curvopt.optim.fosi import FOSI, make_base_optimizer
-from curvopt.optim.fosi_loop import FOSIAlgorithm
+from curvopt.optim.fosi_adapter import FOSIAlgorithm
 from curvopt.training.algorithm import TorchOptimizerAlgorithm
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,15 +12,14 @@ from curvopt.models.llama import LLAMA_SIZES, build_llama, llama_lm, matrix_shap
 from curvopt.objective import Objective
 from curvopt.optim.alice import Alice
 from curvopt.optim.grouping import (
-    TABLE3_METHODS,
     build_grouped,
     build_optimizer,
-    estimate_memory,
     method_state_numel,
     optimizer_state_bytes,
     split_params,
 )
 from curvopt.optim.racs import RACS
+from experiments.alice_table3.estimate import TABLE3_METHODS, estimate_memory
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,8 @@ from torch import nn
 
 from curvopt.curvature.lanczos import LanczosError, NonSymmetricOperatorError
 from curvopt.objective import Objective, mean_loss
-from curvopt.optim.fosi import FOSI, build_fosi, fosi_adam, fosi_gd, fosi_heavy_ball
+from curvopt.optim.fosi import FOSI, fosi_adam, fosi_gd, fosi_heavy_ball
+from curvopt.optim.fosi_adapter import build_fosi
 from curvopt.training.build import build_algorithm, build_data, build_model
 
 F64 = torch.float64

@@ -1337,7 +1337,7 @@ def test_lowrank_state_loads_weights_only_with_safe_globals():
 
 
 # -------------------------------------------------------------------------- docs and tables
-DOCTEST_MODULES = ("racs", "alice", "fosi", "fosi_loop", "kfac", "fgn", "sgn", "lowrank", "grouping")
+DOCTEST_MODULES = ("racs", "alice", "fosi", "fosi_adapter", "kfac", "fgn", "sgn", "lowrank", "grouping")
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

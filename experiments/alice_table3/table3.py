@@ -9,7 +9,7 @@ states for the method group, in GiB. Two estimates are reported:
 * ``estimate_gib`` — from the model config and our optimizers' own state shapes
   (``curvopt.optim.grouping.method_state_numel``; fp32 tensors at 4 bytes, e.g. Alice's Q̃);
 * ``formula_gib`` — the per-matrix formula that reproduces the paper's Table 3
-  (``curvopt.optim.grouping.paper_state_units``; docs/alice.md, "Table 3 (estimated memory)").
+  (``experiments.alice_table3.estimate.paper_state_units``; docs/alice.md, "Table 3 (estimated memory)").
 
 ``measured_gib`` = weights + bytes of every tensor in ``optimizer.state`` after one step on the
 60M model (``curvopt.optim.grouping.optimizer_state_bytes``).
@@ -29,12 +29,10 @@ from pathlib import Path
 import torch
 
 from curvopt.optim.grouping import (
-    PAPER_RANKS,
-    TABLE3_METHODS,
     build_optimizer,
-    estimate_memory,
     optimizer_state_bytes,
 )
+from experiments.alice_table3.estimate import PAPER_RANKS, TABLE3_METHODS, estimate_memory
 
 HERE = Path(__file__).resolve().parent
 SIZES = ("60m", "130m", "350m", "1b")

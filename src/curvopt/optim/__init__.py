@@ -39,8 +39,8 @@ _EXPORTS: dict[str, str] = {
     "fosi_heavy_ball": "fosi",
     "fosi_gd": "fosi",
     "make_base_optimizer": "fosi",
-    "FOSIAlgorithm": "fosi_loop",  # the loop adapter (also importable from curvopt.optim.fosi)
-    "build_fosi": "fosi_loop",
+    "FOSIAlgorithm": "fosi_adapter",  # the adapter to the training loop
+    "build_fosi": "fosi_adapter",
     # K-FAC baseline
     "KFAC": "kfac",
     "build_kfac": "kfac",
@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from curvopt.optim.alice import Alice, alice0
     from curvopt.optim.fgn import FGN, build_fgn
     from curvopt.optim.fosi import FOSI, fosi_adam, fosi_gd, fosi_heavy_ball, make_base_optimizer
-    from curvopt.optim.fosi_loop import FOSIAlgorithm, build_fosi
+    from curvopt.optim.fosi_adapter import FOSIAlgorithm, build_fosi
     from curvopt.optim.grouping import build_grouped, build_optimizer
     from curvopt.optim.hf_cg import HFCG, build_hf_cg
     from curvopt.optim.kfac import KFAC, build_kfac

@@ -20,11 +20,11 @@ Two entry points:
   from plain Python: ``loss.backward(); fosi.step()``. It shares the base's ``param_groups``
   (schedulers and manual lr changes reach the base) and ``state``; ``state_dict`` round-trips
   both. Ready-made: :func:`fosi_heavy_ball`, :func:`fosi_adam`, :func:`fosi_gd`.
-* :func:`~curvopt.optim.fosi_loop.build_fosi` — the factory the training loop calls
+* :func:`~curvopt.optim.fosi_adapter.build_fosi` — the factory the training loop calls
   (``conf/optimizer/fosi_*.yaml``): an :class:`~curvopt.api.Algorithm` over an ``Objective`` with
-  an ESE batch drawn (seeded) from ``data.train``. It and :class:`~curvopt.optim.fosi_loop.FOSIAlgorithm`
-  live in :mod:`curvopt.optim.fosi_loop` (the loop adapter); this module is the optimizer alone and
-  still answers to their names here (``curvopt.optim.fosi.build_fosi``, the configs' target).
+  an ESE batch drawn (seeded) from ``data.train``. It and :class:`~curvopt.optim.fosi_adapter.FOSIAlgorithm`
+  live in :mod:`curvopt.optim.fosi_adapter` (the adapter to the training loop, which imports this
+  module; this module, the optimizer alone, imports nothing of it).
 
 Implementation choices that matter for speed (benchmarks/bench_fosi.py):
 
@@ -1171,29 +1171,3 @@ def make_base_optimizer(
     if name == "gd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"base must be one of {BASES}, got {name!r}")
-
-
-# -- the loop adapter, under its old address -------------------------------------------------------
-# FOSIAlgorithm, build_fosi and draw_ese_batch moved to curvopt.optim.fosi_loop, which imports this
-# module; resolving them here lazily keeps ``curvopt.optim.fosi.build_fosi`` (the configs' _target_)
-# and ``from curvopt.optim.fosi import FOSIAlgorithm`` working without an import cycle.
-_LOOP_NAMES = ("FOSIAlgorithm", "build_fosi", "draw_ese_batch")
-
-
-def __getattr__(name: str) -> Any:
-    """Resolve the loop adapter's names (:data:`_LOOP_NAMES`) from :mod:`curvopt.optim.fosi_loop`.
-
-    Args:
-        name: The attribute looked up on this module.
-
-    Returns:
-        The object of that name in :mod:`curvopt.optim.fosi_loop`.
-
-    Raises:
-        AttributeError: ``name`` is not one of the loop adapter's names.
-    """
-    if name in _LOOP_NAMES:
-        from curvopt.optim import fosi_loop
-
-        return getattr(fosi_loop, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

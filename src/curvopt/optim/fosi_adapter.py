@@ -3,8 +3,7 @@
 :mod:`curvopt.optim.fosi` holds the optimizer itself (:class:`~curvopt.optim.fosi.FOSI`, a
 ``torch.optim.Optimizer``). This module plugs it into the loop's protocol: :class:`FOSIAlgorithm`
 runs forward/backward on an :class:`~curvopt.objective.Objective` and calls ``FOSI.step``;
-:func:`build_fosi` is the factory named by ``conf/optimizer/fosi_*.yaml`` (through its old path
-``curvopt.optim.fosi.build_fosi``, which still resolves); :func:`draw_ese_batch` picks the fixed
+:func:`build_fosi` is the factory named by ``conf/optimizer/fosi_*.yaml``; :func:`draw_ese_batch` picks the fixed
 ESE batch from the training data.
 """
 

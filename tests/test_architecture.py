@@ -1,0 +1,96 @@
+"""The library's import graph: the library below, the paper drivers above, arrows one way, no circles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "src" / "curvopt"
+# (importer package, forbidden target): optimizers take parameters and closures, not models; models
+# do not read data; the library never imports the paper drivers
+FORBIDDEN = [
+    ("curvopt", "experiments"),
+    ("curvopt.optim", "curvopt.models"),
+    ("curvopt.models", "curvopt.data"),
+    ("curvopt.curvature", "curvopt.models"),
+    ("curvopt.curvature", "curvopt.data"),
+]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(LIB.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import (module level or inside a function) of every module under src/curvopt."""
+    modules = {_module_name(p): p for p in LIB.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative import
+                    base = name.split(".") if is_pkg else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets.add(mod)
+                targets.update(f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in modules)
+        graph[name] = {t for t in targets if t.split(".")[0] in ("curvopt", "experiments")}
+    return graph
+
+
+def test_no_forbidden_arrows() -> None:
+    bad = [
+        f"{src} -> {dst}"
+        for src, dsts in import_graph().items()
+        for dst in dsts
+        for pkg, forbidden in FORBIDDEN
+        if (src == pkg or src.startswith(pkg + ".")) and (dst == forbidden or dst.startswith(forbidden + "."))
+    ]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_circles() -> None:
+    graph = import_graph()
+    known = set(graph)
+    edges = {m: {t for t in ts if t in known and t != m} for m, ts in graph.items()}
+    # a package's __init__ importing its own submodules is not a circle back into the package
+    for m in edges:
+        edges[m] = {t for t in edges[m] if not t.startswith(m + ".")}
+    cycles, state, stack = [], {}, []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_library_does_not_know_the_checkout_layout() -> None:
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in LIB.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "parents[" in line and not line.lstrip().startswith("#")
+    ]
+    assert not hits, hits

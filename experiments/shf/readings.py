@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from curvopt.analysis.pack import read_packed_runs
 from curvopt.analysis.records import load_runs, load_summaries
 
 # Flags whose values define a reading (optimizer and model keys, flattened as in load_summaries).
@@ -254,8 +255,14 @@ def run_row(
 def _config(summary_row: pd.Series) -> dict[str, Any]:
     """A run's flattened config, read from its ``config.yaml`` when it has one (a frame row turns a
     YAML null into NaN, which would read as "not recorded")."""
-    path = Path(str(summary_row.get("run_dir", ""))) / "config.yaml"
-    if not path.is_file():
+    run_dir = Path(str(summary_row.get("run_dir", "")))
+    path = run_dir / "config.yaml"
+    packed = {r["run_id"]: r for r in read_packed_runs(run_dir.parent)}
+    if path.is_file():
+        config = yaml.safe_load(path.read_text())
+    elif run_dir.name in packed and packed[run_dir.name].get("config") is not None:
+        config = packed[run_dir.name]["config"]  # a packed run keeps its parsed config
+    else:
         return summary_row.to_dict()
     flat: dict[str, Any] = {}
 
@@ -266,7 +273,7 @@ def _config(summary_row: pd.Series) -> dict[str, Any]:
         else:
             flat[prefix] = v
 
-    walk("cfg", yaml.safe_load(path.read_text()))
+    walk("cfg", config)
     return flat
 
 

@@ -146,14 +146,6 @@ UPSTREAM_APOLLO_ATTRS = (
     "upstream APOLLO keeps scale_front/disable_nl as instance attributes, which torch.optim.Optimizer's "
     "__getstate__ drops: the copy fails at its next step (AttributeError). Copy through state_dict instead"
 )
-UPSTREAM_SHF_COMPLEX = (
-    "shf.py (not ours to edit here) has no dtype check: complex parameters fail inside the Gauss-Newton "
-    "products with 'value cannot be converted to type double' rather than a clear TypeError"
-)
-UPSTREAM_HFCG_COMPLEX = (
-    "hf_cg.py (not ours to edit here) has no dtype check: complex parameters fail inside the loss "
-    "(NotImplementedError: log_softmax not implemented for ComplexFloat) rather than with a clear TypeError"
-)
 XFAILS: dict[tuple[str, str], str] = {
     ("galore", "closure"): UPSTREAM_CLOSURE,
     ("fira", "closure"): UPSTREAM_CLOSURE,
@@ -166,16 +158,8 @@ XFAILS: dict[tuple[str, str], str] = {
     "only; a projected group added later fails with KeyError('seed')",
     ("apollo", "deepcopy"): UPSTREAM_APOLLO_ATTRS,
     ("apollo", "pickle"): UPSTREAM_APOLLO_ATTRS,
-    ("SHF", "complex"): UPSTREAM_SHF_COMPLEX,
-    ("build_shf", "complex"): UPSTREAM_SHF_COMPLEX,
-    ("HFCG", "complex"): UPSTREAM_HFCG_COMPLEX,
-    ("build_hf_cg", "complex"): UPSTREAM_HFCG_COMPLEX,
     ("fira", "sparse_grad"): UPSTREAM_SPARSE,
     ("apollo", "sparse_grad"): UPSTREAM_SPARSE,
-    ("SHF", "invalid_hparams"): "shf.py (not ours to edit here) accepts damping=nan",
-    ("build_shf", "invalid_hparams"): "shf.py (not ours to edit here) accepts damping=nan",
-    ("HFCG", "invalid_hparams"): "hf_cg.py (not ours to edit here) accepts initlambda=nan",
-    ("build_hf_cg", "invalid_hparams"): "hf_cg.py (not ours to edit here) accepts initlambda=nan",
 }
 
 # public names without a doctest example, and why

@@ -31,7 +31,13 @@ from torch import Tensor
 from curvopt.api import Batch, DataBundle
 from curvopt.curvature.lsmr import lsmr
 from curvopt.curvature.mlp_gn import GaussNewtonBase, residual_gauss_newton, supports_hand_written
-from curvopt.objective import Objective, Params, unflatten
+from curvopt.objective import (
+    Objective,
+    Params,
+    check_finite_nonnegative,
+    check_real_floating_params,
+    unflatten,
+)
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +304,12 @@ class SHF:
             raise ValueError(
                 f"variance_gradients must be one of {VARIANCE_GRADIENTS}, got {variance_gradients!r}"
             )
+        check_finite_nonnegative(
+            "SHF", damping=damping, gamma=gamma, theta=theta, atol=atol, ftol=ftol, armijo=armijo
+        )
+        if not 0 < drop <= 1:
+            raise ValueError(f"SHF: drop must be in (0, 1], got {drop!r}")
+        check_real_floating_params(objective, "SHF")
         if objective.loss_kind != "squared_error":
             raise ValueError("SHF-LSMR is a least-squares method: the model's loss must be squared_error")
         if data.train is None:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from curvopt.analysis.curves import mean_curve_on_grid
-from curvopt.analysis.records import load_runs, load_summaries
+from curvopt.analysis import records as _records
 
 RESULTS = Path(os.environ.get("CURVOPT_RESULTS", ROOT / "results"))
 pd.set_option("display.width", 160)
@@ -31,6 +31,25 @@ pd.set_option("display.width", 160)
 
 def not_run(cmd):
     print(f"not run: {cmd}")
+
+
+def _readable(read):
+    """A record reader that turns an unreadable record (a truncated pack, a broken summary) into a
+    printed ``not run`` naming the error, and no rows, instead of a failed cell."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            return read(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - any unreadable record degrades to "not run"
+            print(f"not run: records unreadable ({type(err).__name__}: {err}); rerun the section's make target")
+            return pd.DataFrame()
+
+    return wrapped
+
+
+load_runs = _readable(_records.load_runs)
+load_summaries = _readable(_records.load_summaries)
+read_run_metrics = _readable(_records.read_run_metrics)
 
 
 def at_best_profile(df, col="profile"):
@@ -239,8 +258,6 @@ FOSI = [
         "code",
         SETUP
         + """
-from curvopt.analysis.records import read_run_metrics
-
 QDIR = RESULTS / "fosi_quadratics"
 
 
@@ -253,7 +270,8 @@ def quad(experiment):
 
 
 def curve(run_dir):  # the run's own metrics.jsonl, or its rows in the experiment's metrics.parquet
-    return read_run_metrics(run_dir)["f"].astype(float).to_numpy()""",
+    rows = read_run_metrics(run_dir)
+    return rows["f"].astype(float).to_numpy() if "f" in rows else np.array([])""",
     ),
     (
         "md",

@@ -57,3 +57,20 @@ def test_notebook_runs_without_records(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_on_committed_records(path: Path) -> None:
     execute(path, Path(__file__).resolve().parents[1] / "results")
+
+
+@pytest.mark.slow
+def test_a_truncated_pack_reads_as_not_run(tmp_path: Path) -> None:
+    """A truncated metrics.parquet (an interrupted copy, a bad checkout) must not fail a cell: the
+    notebook says which records are unreadable and goes on."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "results" / "fosi_quadratics"
+    shutil.copytree(src, tmp_path / "fosi_quadratics")
+    packs = sorted((tmp_path / "fosi_quadratics").rglob("metrics.parquet"))
+    assert packs
+    for pack in packs:
+        data = pack.read_bytes()
+        pack.write_bytes(data[: len(data) // 2])
+    nb = execute(next(p for p in NOTEBOOKS if p.stem == "fosi"), tmp_path)
+    assert "not run: records unreadable" in outputs(nb)

@@ -451,29 +451,17 @@ class SHF:
         return chapelle_erhan_precond(gn.gn_diag_estimate(self.generator), self.cfg["precon_sqrt"])
 
     # -- one outer iteration ---------------------------------------------------------------------
-    def step(self, batch: Batch) -> dict[str, Any]:  # noqa: C901 - the paper's Algorithm 1, in order
-        """One outer iteration of Algorithm 1 on ``batch``; the model holds the new weights after.
+    def _solve(
+        self, gn: GaussNewtonBase, params: Params, g: Tensor, n: int, timers: dict[str, float]
+    ) -> tuple[Any, Tensor, Tensor]:
+        """Precondition (Algorithm 3), then solve with LSMR (Algorithm 6, Eq. (19)).
 
-        Args:
-            batch: ``(x, y)``, a fresh random batch of the size :meth:`next_batch_size` returned.
+        LSMR minimises ``‖A(c∘y) − b‖² + λ²‖y − y0‖²`` and is stopped by the validation merit φ.
 
         Returns:
-            The logged scalars listed in docs/shf.md ("Logged scalars"): ``loss``, ``batch_size``,
-            ``damping``, ``inner_iters``, ``inner_stop``, ``rho``, ``step_length``, ``n_hat``,
-            ``f_val``, timings, ...
+            ``(LSMR result, y, d)`` with the step ``d = c∘y`` (``y`` with ``step_space="literal"``).
         """
         cfg = self.cfg
-        x, y = batch
-        n = int(x.shape[0])
-        self.iteration += 1
-        params = self.objective.params()
-        timers: dict[str, float] = {}
-        t = time.perf_counter()
-        gn = residual_gauss_newton(self.objective, params, x, y, self.hand_written)
-        f0 = gn.loss()
-        g = gn.gradient()
-        timers["setup_time"] = time.perf_counter() - t
-
         t = time.perf_counter()
         c = self._precond(gn)
         timers["precond_time"] = time.perf_counter() - t
@@ -526,8 +514,28 @@ class SHF:
         timers["merit_time"] = merit_time[0]
         ysol = res.x
         d = c * ysol if scaled else ysol
+        return res, ysol, d
 
-        # ρ on the same batch with the undamped GN model, then LM damping
+    def _damping_and_line_search(
+        self,
+        gn: GaussNewtonBase,
+        params: Params,
+        x: Tensor,
+        y: Tensor,
+        f0: float,
+        g: Tensor,
+        d: Tensor,
+        timers: dict[str, float],
+    ) -> dict[str, Any]:
+        """ρ and the Levenberg-Marquardt rule (Section 4.2), then Armijo backtracking on the batch.
+
+        ρ uses the undamped GN model on the batch; the model holds the accepted weights after.
+
+        Returns:
+            ``rho``, ``pred``, ``f1``, ``s``, ``evals``, ``accepted``, ``nonfinite``, ``lam_used`` and
+            ``new_params``.
+        """
+        cfg = self.cfg
         t = time.perf_counter()
         lam_used = self.lam
         nonfinite = not bool(torch.isfinite(d).all())
@@ -578,16 +586,37 @@ class SHF:
             self.objective.set_params(new_params)
             new_params = self.objective.params()
         timers["line_search_time"] = time.perf_counter() - t
+        return {
+            "rho": rho,
+            "pred": pred,
+            "f1": f1,
+            "s": s,
+            "evals": evals,
+            "accepted": accepted,
+            "nonfinite": nonfinite,
+            "lam_used": lam_used,
+            "new_params": new_params,
+        }
 
-        # warm start for the next solve: the LSMR solution (not s·d), decayed
-        if torch.isfinite(ysol).all():
-            self.warm_d = d.mul(self.gamma)
-            self.warm_y = ysol.mul(self.gamma)
-        else:
-            self.warm_d = self.warm_y = None
-        gamma_used = self.gamma
-        self.gamma = min(cfg["gamma_growth"] * self.gamma, cfg["gamma_max"])
+    def _batch_rule(
+        self,
+        gn: GaussNewtonBase,
+        new_params: Params,
+        accepted: bool,
+        x: Tensor,
+        y: Tensor,
+        n: int,
+        timers: dict[str, float],
+    ) -> dict[str, Any]:
+        """f_val, Algorithm 2's n̂ and Algorithm 1's batch-size update (Section 4.3).
 
+        f_val is taken at the new weights, n̂ on the old batch; sets the next ``n`` and ``maxiter``.
+
+        Returns:
+            Every n̂ (``nhat1``, ``nhat2``, ``nhat_s``, ``nhat_m2``, the one used ``nhat``), ``v_sum``,
+            ``gnorm``, the rule that fired (``reason``) and the ``n``/``maxiter`` this step used.
+        """
+        cfg = self.cfg
         # validation loss and the variance test at the new w on the old batch
         t = time.perf_counter()
         if self.val is not None:
@@ -631,11 +660,66 @@ class SHF:
             )
         self.nhat_hist = self.nhat_hist[-w:]
         self.fval_hist = self.fval_hist[-(w + 1) :]
+        return {
+            "nhat1": nhat1,
+            "nhat2": nhat2,
+            "nhat_s": nhat_s,
+            "nhat_m2": nhat_m2,
+            "nhat": nhat,
+            "v_sum": v_sum,
+            "gnorm": gnorm,
+            "reason": reason,
+            "n_used": n_used,
+            "maxiter_used": maxiter_used,
+        }
+
+    def step(self, batch: Batch) -> dict[str, Any]:
+        """One outer iteration of Algorithm 1 on ``batch``; the model holds the new weights after.
+
+        The phases, in the paper's order: the batch's residual, gradient and Gauss-Newton operator;
+        :meth:`_solve` (Algorithm 3's preconditioner, LSMR with the validation merit, Algorithm 6 /
+        Eq. (19)); :meth:`_damping_and_line_search` (ρ and the Levenberg-Marquardt rule, Section 4.2;
+        Armijo backtracking); the warm start's decay (Section 4.5); :meth:`_batch_rule` (f_val,
+        Algorithm 2's n̂ and the batch-size update, Section 4.3).
+
+        Args:
+            batch: ``(x, y)``, a fresh random batch of the size :meth:`next_batch_size` returned.
+
+        Returns:
+            The logged scalars listed in docs/shf.md ("Logged scalars"): ``loss``, ``batch_size``,
+            ``damping``, ``inner_iters``, ``inner_stop``, ``rho``, ``step_length``, ``n_hat``,
+            ``f_val``, timings, ...
+        """
+        cfg = self.cfg
+        x, y = batch
+        n = int(x.shape[0])
+        self.iteration += 1
+        params = self.objective.params()
+        timers: dict[str, float] = {}
+        t = time.perf_counter()
+        gn = residual_gauss_newton(self.objective, params, x, y, self.hand_written)
+        f0 = gn.loss()
+        g = gn.gradient()
+        timers["setup_time"] = time.perf_counter() - t
+
+        res, ysol, d = self._solve(gn, params, g, n, timers)
+        ls = self._damping_and_line_search(gn, params, x, y, f0, g, d, timers)
+
+        # warm start for the next solve: the LSMR solution (not s·d), decayed
+        if torch.isfinite(ysol).all():
+            self.warm_d = d.mul(self.gamma)
+            self.warm_y = ysol.mul(self.gamma)
+        else:
+            self.warm_d = self.warm_y = None
+        gamma_used = self.gamma
+        self.gamma = min(cfg["gamma_growth"] * self.gamma, cfg["gamma_max"])
+
+        br = self._batch_rule(gn, ls["new_params"], ls["accepted"], x, y, n, timers)
 
         out: dict[str, Any] = {
             "loss": f0,
             "batch_size": n,
-            "damping": lam_used,
+            "damping": ls["lam_used"],
             "damping_next": self.lam,
             "inner_iters": res.itn,
             "inner_stop": res.stop_reason,
@@ -643,27 +727,27 @@ class SHF:
             "lsmr_normar": res.normar,
             "merit_evals": len(res.merit_history),
             "merit_best_itn": res.best_itn if res.best_itn is not None else -1,
-            "step_length": s,
-            "rho": rho,
-            "pred_reduction": pred,
-            "loss_trial": f1,
-            "line_search_evals": evals,
-            "rejected": not accepted,
-            "nonfinite": nonfinite,
+            "step_length": ls["s"],
+            "rho": ls["rho"],
+            "pred_reduction": ls["pred"],
+            "loss_trial": ls["f1"],
+            "line_search_evals": ls["evals"],
+            "rejected": not ls["accepted"],
+            "nonfinite": ls["nonfinite"],
             "grad_norm": float(torch.linalg.vector_norm(g)),
-            "n_hat": nhat1,
-            "n_hat_sq": nhat2,
-            "n_hat_summand": nhat_s,
-            "n_hat_batch_mean_sq": nhat_m2,
-            "n_hat_used": nhat,
-            "variance": v_sum,
-            "grad_norm_new": gnorm,
-            "batch_rule": reason,
+            "n_hat": br["nhat1"],
+            "n_hat_sq": br["nhat2"],
+            "n_hat_summand": br["nhat_s"],
+            "n_hat_batch_mean_sq": br["nhat_m2"],
+            "n_hat_used": br["nhat"],
+            "variance": br["v_sum"],
+            "grad_norm_new": br["gnorm"],
+            "batch_rule": br["reason"],
             "next_batch_size": self.n,
             "gamma": gamma_used,
-            "maxiter": maxiter_used,
+            "maxiter": br["maxiter_used"],
             "maxiter_next": self.maxiter,
-            "batch_size_requested": n_used,
+            "batch_size_requested": br["n_used"],
         }
         if self.fval_current is not None:
             out["f_val"] = self.fval_current

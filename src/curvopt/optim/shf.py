@@ -394,12 +394,19 @@ class SHF:
             "maxiter": self.maxiter,
             "iteration": self.iteration,
             "warm_d": clone(self.warm_d),
-            "warm_y": clone(self.warm_y),
+            # y0 = γ·d_prev/c_new needs only warm_d unless warm_start="y" or the step is literal
+            # (a third less checkpoint; committed checkpoints resume on other machines)
+            "warm_y": clone(self.warm_y) if self._uses_warm_y() else None,
             "nhat_hist": list(self.nhat_hist),
             "fval_hist": list(self.fval_hist),
             "fval_current": self.fval_current,
             "generator": self.generator.get_state(),
         }
+
+    def _uses_warm_y(self) -> bool:
+        """Whether the next warm start reads ``warm_y`` (else ``warm_d / c``)."""
+        scaled = self.cfg["step_space"] == "scaled" and self.cfg["preconditioner"] != "none"
+        return not (scaled and self.cfg["warm_start"] == "param")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the state saved by :meth:`state_dict` (warm starts moved to the model's device).

@@ -20,7 +20,6 @@ Conventions
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -375,35 +374,3 @@ class Objective:
         if self.loss_kind == "cross_entropy":
             return float((y != self.ignore_index).sum().item())
         return float(y.shape[0])
-
-
-def check_real_floating_params(objective: Objective, method: str) -> None:
-    """Refuse complex or integer parameters with a clear error (the curvature products are real).
-
-    Args:
-        objective: The model and its loss.
-        method: The method's name, for the message.
-
-    Raises:
-        TypeError: A parameter is not a real floating-point tensor.
-    """
-    for name, p in objective.params().items():
-        if p.is_complex() or not p.is_floating_point():
-            raise TypeError(
-                f"{method} needs real floating-point parameters; {name} is {p.dtype} (complex is not supported)"
-            )
-
-
-def check_finite_nonnegative(method: str, **values: float) -> None:
-    """Refuse NaN, infinite or negative hyper-parameters by name.
-
-    Args:
-        method: The method's name, for the message.
-        **values: The hyper-parameters to check.
-
-    Raises:
-        ValueError: One of them is NaN, infinite or negative.
-    """
-    for key, v in values.items():
-        if not (math.isfinite(float(v)) and float(v) >= 0):
-            raise ValueError(f"{method}: {key} must be a finite number >= 0, got {v!r}")

@@ -52,7 +52,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvopt.optim.racs import MatrixOptimizer, check_finite_nonneg, compute_dtype, limiter_eta
+from curvopt.optim.checks import check_finite_nonneg
+from curvopt.optim.racs import MatrixOptimizer, compute_dtype, limiter_eta
 
 SWITCH_MODES = ("complement", "none", "gaussian", "gaussian_mix", "full_basis")
 COMPENSATION_MODES = ("optimal", "none", "fira", "fira_plus")

@@ -48,13 +48,12 @@ from curvopt.curvature.mlp_gn import MLPGaussNewton, mlp_layers
 from curvopt.objective import (
     Objective,
     Params,
-    check_finite_nonnegative,
-    check_real_floating_params,
     flatten,
     output_hessian_vp,
     per_example_loss,
     unflatten,
 )
+from curvopt.optim.checks import check_finite_nonneg, check_real_floating
 
 log = logging.getLogger(__name__)
 
@@ -331,10 +330,11 @@ class HFCG:
             raise ValueError(f"curvature_products must be one of {CURVATURE_PRODUCTS}")
         if data.train is None:
             raise ValueError("HF-CG needs an in-memory training split (full-set gradient and line search)")
-        check_finite_nonnegative(
-            "HF-CG", initlambda=initlambda, boost=boost, drop=drop, weight_cost=weight_cost
-        )
-        check_real_floating_params(objective, "HF-CG")
+        check_finite_nonneg("HF-CG", "initlambda", initlambda)
+        check_finite_nonneg("HF-CG", "boost", boost)
+        check_finite_nonneg("HF-CG", "drop", drop)
+        check_finite_nonneg("HF-CG", "weight_cost", weight_cost)
+        check_real_floating("HF-CG", objective.params())
         if numchunks < 1 or cg_maxiter < 1 or eval_chunk < 1:
             raise ValueError("numchunks, cg_maxiter and eval_chunk must be >= 1")
         self.objective = objective

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from curvopt.errors import NonFiniteError
+from curvopt.optim.checks import check_finite_nonneg
 
 _DTYPES = {
     "float32": torch.float32,
@@ -76,25 +77,6 @@ def compute_dtype(param: Tensor) -> torch.dtype:
         ``torch.float64`` or ``torch.float32``.
     """
     return torch.float64 if param.dtype == torch.float64 else torch.float32
-
-
-def check_finite_nonneg(owner: str, name: str, value: Any) -> None:
-    """Check a hyperparameter is a finite number >= 0 (NaN, inf, negatives and bools are refused).
-
-    Args:
-        owner: Optimizer name for the message.
-        name: Hyperparameter name for the message.
-        value: The value to check.
-
-    Raises:
-        ValueError: If the check fails.
-    """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (math.isfinite(value) and value >= 0)
-    ):
-        raise ValueError(f"{owner}: {name} must be a finite non-negative number, got {value!r}")
 
 
 def limiter_eta(norm: Tensor, phi: Tensor, gamma: float) -> Tensor:

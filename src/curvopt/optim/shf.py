@@ -34,10 +34,9 @@ from curvopt.curvature.mlp_gn import GaussNewtonBase, residual_gauss_newton, sup
 from curvopt.objective import (
     Objective,
     Params,
-    check_finite_nonnegative,
-    check_real_floating_params,
     unflatten,
 )
+from curvopt.optim.checks import check_finite_nonneg, check_real_floating
 
 log = logging.getLogger(__name__)
 
@@ -304,12 +303,15 @@ class SHF:
             raise ValueError(
                 f"variance_gradients must be one of {VARIANCE_GRADIENTS}, got {variance_gradients!r}"
             )
-        check_finite_nonnegative(
-            "SHF", damping=damping, gamma=gamma, theta=theta, atol=atol, ftol=ftol, armijo=armijo
-        )
+        check_finite_nonneg("SHF", "damping", damping)
+        check_finite_nonneg("SHF", "gamma", gamma)
+        check_finite_nonneg("SHF", "theta", theta)
+        check_finite_nonneg("SHF", "atol", atol)
+        check_finite_nonneg("SHF", "ftol", ftol)
+        check_finite_nonneg("SHF", "armijo", armijo)
         if not 0 < drop <= 1:
             raise ValueError(f"SHF: drop must be in (0, 1], got {drop!r}")
-        check_real_floating_params(objective, "SHF")
+        check_real_floating("SHF", objective.params())
         if objective.loss_kind != "squared_error":
             raise ValueError("SHF-LSMR is a least-squares method: the model's loss must be squared_error")
         if data.train is None:

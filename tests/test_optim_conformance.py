@@ -12,11 +12,13 @@ every entry. Two shapes of optimizer are exported (``curvopt.api``):
   them, the rest (hyper-parameter validation, state dicts, copies, dtypes, frozen parameters,
   determinism) does.
 
-Where a property cannot hold for an entry by design it is a documented skip (:data:`SKIPS`);
-where it does not hold in code this repository must not patch (the official GaLore / Fira /
-APOLLO packages; ``shf.py`` and ``hf_cg.py`` belong to another work stream) it is a strict xfail
-(:data:`XFAILS`), so a fix upstream turns the test red until the table is updated. Both tables
-are checked by :func:`test_exception_tables_are_well_formed`.
+The entries, their builders and their quirks are the shared case list ``tests/cases.py`` (which
+``tests/test_contract.py`` runs through the loop's protocol too). Where a property cannot hold for
+an entry by design it is a documented skip (the case's ``skips``, flattened into
+``cases.SKIPS``); where it does not hold in code this repository must not patch (the official
+GaLore / Fira / APOLLO packages; ``shf.py`` and ``hf_cg.py`` belong to another work stream) it is a
+strict xfail (``xfails``, ``cases.XFAILS``), so a fix upstream turns the test red until the case is
+updated. Both are checked by :func:`test_exception_tables_are_well_formed`.
 
 Everything runs on tiny models (an MLP of 51 parameters, one intra-op thread): the file takes
 about 25 s on two CPU cores. ``torch.compile`` uses the ``eager`` backend (Dynamo's tracing, graph
@@ -24,12 +26,9 @@ breaks and guards, where the failures were; no code generation) so that it stays
 ``inductor`` variant and the two slowest Dynamo cases are marked ``slow`` (``make test-slow``).
 """
 
-from __future__ import annotations
-
 import copy
 import doctest
 import importlib
-import io
 import math
 import os
 import pickle
@@ -38,14 +37,40 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from cases import (
+    ALGORITHMS,
+    ALICE,
+    BF16,
+    EXPORTS,
+    F32,
+    F64,
+    FACTORY_OF,
+    FOSI_OPTS,
+    FP32_STATE,
+    LR,
+    NO_EXAMPLE,
+    NOT_TORCH,
+    PROPERTIES,
+    SKIPS,
+    XFAILS,
+    Case,
+    Twin,
+    _ese_batch,
+    _matrix_groups,
+    assert_same,
+    batch,
+    ce,
+    make_data,
+    make_model,
+    params_of,
+    round_trip,
+)
 from torch import nn
 
 import curvopt.optim as optim_pkg
@@ -53,148 +78,7 @@ from curvopt.api import DataBundle
 from curvopt.objective import Objective
 from curvopt.optim import lowrank
 
-LR = 0.05
-F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
-
-# -------------------------------------------------------------------------- documented exceptions
-ALGORITHM = "an Algorithm (step(batch) runs its own forward/backward), not a torch.optim.Optimizer: "
-NOT_TORCH = {
-    "closure": ALGORITHM + "no closure argument",
-    "param_groups_lr0": ALGORITHM + "no parameter groups",
-    "add_param_group": ALGORITHM + "no parameter groups",
-    "scheduler_linear": ALGORITHM + "no param_groups for an LR scheduler (lr is a constructor option)",
-    "sparse_grad": ALGORITHM + "gradients are computed inside step, always dense",
-    "compile": ALGORITHM + "step(batch) is host-synchronising Python (CG/LSMR loops, line searches); "
-    "FGN has its own compile=True flag for the closed-form solve (tests/test_fgn_solvers.py)",
-}
-ALGORITHMS = (
-    "FGN",
-    "SGN",
-    "KFAC",
-    "SHF",
-    "HFCG",
-    "FOSIAlgorithm",
-    "build_fgn",
-    "build_sgn",
-    "build_kfac",
-    "build_shf",
-    "build_hf_cg",
-    "build_fosi",
-)
-SAME_CLASS = (
-    "returns an instance of a class compiled under its own entry ({}); compiling it again adds only time"
-)
-
-FACTORY_OF = {
-    "build_fgn": "FGN",
-    "build_sgn": "SGN",
-    "build_kfac": "KFAC",
-    "build_shf": "SHF",
-    "build_hf_cg": "HFCG",
-}
-FACTORY = (
-    "{0}(objective, data, **cfg) is {1}(objective[, data], **cfg), a one-line loop factory "
-    "(test_loop_factories_build_their_class checks it); the property is tested on {1}"
-)
-FACTORY_PROPS = (
-    "state_dict",
-    "deepcopy",
-    "pickle",
-    "determinism",
-    "float64",
-    "bfloat16",
-    "frozen_and_no_grad",
-)
-
-SKIPS: dict[tuple[str, str], str] = {
-    **{(name, prop): reason for name in ALGORITHMS for prop, reason in NOT_TORCH.items()},
-    **{(f, prop): FACTORY.format(f, cls) for f, cls in FACTORY_OF.items() for prop in FACTORY_PROPS},
-    ("alice0", "compile"): SAME_CLASS.format("Alice"),
-    ("build_optimizer", "compile"): SAME_CLASS.format("Alice"),
-    ("build_grouped", "compile"): SAME_CLASS.format("RACS"),
-    ("fosi_gd", "compile"): SAME_CLASS.format("fosi_heavy_ball: FOSI on the SGD fast path"),
-    ("make_base_optimizer", "compile"): SAME_CLASS.format("torch.optim.SGD, torch's own tests"),
-    ("make_base_optimizer", "invalid_hparams"): "returns torch.optim.SGD/Adam unchanged: their validation "
-    "is torch's (torch accepts lr=nan); FOSI, which wraps them, refuses a non-finite lr",
-    ("galore", "compile"): "upstream GaLore's step (torch.linalg.svd on the projection, Python-side "
-    "state objects) is not our code; compiling it is upstream's concern",
-    ("fira", "compile"): "upstream Fira's step (torch.linalg.svd on the projection, Python-side state "
-    "objects) is not our code; compiling it is upstream's concern",
-    ("apollo", "compile"): "upstream APOLLO's step (seeded random projections, Python-side state "
-    "objects) is not our code; compiling it is upstream's concern",
-    ("SHF", "bfloat16"): "SHF-LSMR runs LSMR and its variance test in the parameters' dtype; bf16 (8 "
-    "mantissa bits) cannot resolve the paper's tolerances (ftol 1e-5), the method is float32/64 only",
-    ("HFCG", "bfloat16"): "Martens' HF-CG runs CG with a relative progress test of 5e-4 in the "
-    "parameters' dtype; bf16 cannot resolve it, the method is float32/64 only",
-}
-
-UPSTREAM_CLOSURE = (
-    "upstream step is @torch.no_grad() and calls the closure without torch.enable_grad(), so a closure "
-    "that calls backward() fails (documented in curvopt.optim.lowrank; wrap the closure's body in "
-    "torch.enable_grad())"
-)
-UPSTREAM_WEIGHTS_ONLY = (
-    "the state holds upstream projector objects, which torch.load(weights_only=True) refuses; "
-    "torch.serialization.safe_globals(curvopt.optim.lowrank.state_globals(method)) allows them "
-    "(test_lowrank_state_loads_weights_only_with_safe_globals)"
-)
-UPSTREAM_SPARSE = (
-    "upstream raises on the sparse gradient only when it reaches that parameter, after updating the "
-    "groups before it (its Adam group comes first): a clear error, but not before any change"
-)
-UPSTREAM_APOLLO_ATTRS = (
-    "upstream APOLLO keeps scale_front/disable_nl as instance attributes, which torch.optim.Optimizer's "
-    "__getstate__ drops: the copy fails at its next step (AttributeError). Copy through state_dict instead"
-)
-XFAILS: dict[tuple[str, str], str] = {
-    ("galore", "closure"): UPSTREAM_CLOSURE,
-    ("fira", "closure"): UPSTREAM_CLOSURE,
-    ("apollo", "closure"): UPSTREAM_CLOSURE,
-    ("galore", "weights_only"): UPSTREAM_WEIGHTS_ONLY,
-    ("fira", "weights_only"): UPSTREAM_WEIGHTS_ONLY,
-    ("apollo", "weights_only"): UPSTREAM_WEIGHTS_ONLY,
-    ("galore", "sparse_grad"): UPSTREAM_SPARSE,
-    ("apollo", "add_param_group"): "upstream APOLLO gives each parameter its projection seed in __init__ "
-    "only; a projected group added later fails with KeyError('seed')",
-    ("apollo", "deepcopy"): UPSTREAM_APOLLO_ATTRS,
-    ("apollo", "pickle"): UPSTREAM_APOLLO_ATTRS,
-    ("fira", "sparse_grad"): UPSTREAM_SPARSE,
-    ("apollo", "sparse_grad"): UPSTREAM_SPARSE,
-}
-
-# public names without a doctest example, and why
-NO_EXAMPLE: dict[str, str] = {
-    "SHF": "shf.py belongs to the SHF work stream (not edited here); docs/shf.md shows its use",
-    "build_shf": "shf.py belongs to the SHF work stream (not edited here)",
-    "HFCG": "hf_cg.py belongs to the SHF work stream (not edited here)",
-    "build_hf_cg": "hf_cg.py belongs to the SHF work stream (not edited here)",
-}
-
-# state kept in float32 for float64 parameters on purpose
-QT_FP32 = (
-    "Alice's Q̃ defaults to qtilde_dtype='float32' (docs/alice.md); qtilde_dtype=None follows the parameters"
-)
-FP32_STATE = {("Alice", "Qt"): QT_FP32, ("build_optimizer", "Qt"): QT_FP32}
-
-PROPERTIES = (
-    "step",
-    "closure",
-    "param_groups_lr0",
-    "add_param_group",
-    "scheduler_linear",
-    "frozen_and_no_grad",
-    "state_dict",
-    "weights_only",
-    "deepcopy",
-    "pickle",
-    "float64",
-    "bfloat16",
-    "complex",
-    "invalid_hparams",
-    "sparse_grad",
-    "determinism",
-    "compile",
-)
+ENTRIES: dict[str, Case] = EXPORTS  # one entry per name of curvopt.optim.__all__
 
 
 # -------------------------------------------------------------------------- the problem
@@ -207,423 +91,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-class TinyNet(nn.Module):
-    """4 → 6 → 3 MLP (51 parameters); ``extra`` adds a frozen matrix and two parameters the loss never uses."""
-
-    def __init__(self, dtype: torch.dtype = F32, extra: bool = False) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(4, 6, dtype=dtype)
-        self.l2 = nn.Linear(6, 3, dtype=dtype)
-        if extra:
-            self.frozen = nn.Parameter(torch.randn(5, 3, dtype=dtype), requires_grad=False)
-            self.unused = nn.Parameter(torch.randn(3, 5, dtype=dtype))
-            self.unused_bias = nn.Parameter(torch.randn(5, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.l1(x)))
-
-
-def make_data(dtype: torch.dtype = F32, n: int = 64, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, generator=gen).to(dtype)
-    y = torch.randint(0, 3, (n,), generator=gen)
-    return x, y
-
-
-def make_model(dtype: torch.dtype = F32, extra: bool = False, seed: int = 0) -> TinyNet:
-    """The net with parameters drawn from a generator seeded with ``seed``.
-
-    (Not ``torch.manual_seed``: it seeds every accelerator backend lazily, ~3 ms a call.)
-    """
-    model = TinyNet(dtype, extra)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_((0.5 * torch.randn(p.shape, generator=gen, dtype=F64)).to(dtype))
-    return model
-
-
-def batch(
-    data: tuple[torch.Tensor, torch.Tensor], t: int, size: int = 16
-) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = data
-    i = (t * size) % x.shape[0]
-    return x[i : i + size], y[i : i + size]
-
-
-def matrices(params: list[nn.Parameter]) -> list[nn.Parameter]:
-    return [p for p in params if p.dim() == 2]
-
-
-def vectors(params: list[nn.Parameter]) -> list[nn.Parameter]:
-    return [p for p in params if p.dim() != 2]
-
-
-def ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy, in float32 for bf16 outputs (float64 stays float64)."""
-    return F.cross_entropy(out if out.dtype == F64 else out.float(), y)
-
-
 # -------------------------------------------------------------------------- the registry
-@dataclass
-class Entry:
-    """How to build one export on a module's parameters (``build``) and extend it (``add_groups``).
-
-    ``build(module, params, **overrides)`` for torch entries (``module`` owns ``params``; model-level
-    factories use ``module`` only), ``build(objective, data, **overrides)`` for algorithms.
-    """
-
-    name: str
-    kind: str
-    build: Callable[..., Any]
-    add_groups: Callable[[list[nn.Parameter]], list[dict[str, Any]]] | None = None
-    invalid: list[dict[str, Any]] = field(default_factory=list)
-    loss_kind: str = "cross_entropy"
-    complex_real_view: bool = False  # complex params work, as torch.view_as_real would
-    sparse_supported: bool = False  # sparse gradients work (and equal the dense step)
-
-
-def _matrix_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
-    groups = [{"params": matrices(params)}, {"params": vectors(params), "adam": True}]
-    return [g for g in groups if g["params"]]
-
-
-ALICE = {"rank": 2, "update_interval": 2, "leading": 1}
-# one ESE, before step 2 (copies, loads and lr changes are tested on both sides of it);
-# hvp_reuse=False: the linearised product costs a torch.fx trace (~0.5 s) per ESE, and the
-# products are the same maths (tests/test_fosi_optimizer.py covers the default path)
-FOSI_OPTS = {"k": 2, "ese_period": None, "ese_warmup": 2, "hvp_reuse": False}
-FOSI_DATA = make_data()
-
-
-def _fosi_kw(module: nn.Module, kw: dict[str, Any]) -> dict[str, Any]:
-    return {"model": module, **FOSI_OPTS, **kw}
-
-
-def _ese_batch(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    dtype = next(module.parameters()).dtype
-    x, y = FOSI_DATA
-    return x.to(dtype), y
-
-
-def _split(params: list[nn.Parameter]) -> list[dict[str, Any]]:
-    """Two parameter groups, matrices and vectors (FOSI's base and torch's own optimizers)."""
-    return [g for g in ({"params": matrices(params)}, {"params": vectors(params)}) if g["params"]]
-
-
-def _build_fosi_class(module, params, lr=LR, **kw):
-    base = torch.optim.RMSprop(_split(params), lr=lr)
-    return optim_pkg.FOSI(base, ce, _ese_batch(module), **_fosi_kw(module, kw))
-
-
-def _lowrank_builder(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def build(module, params, lr=LR, **kw):
-        return fn(vectors(params), matrices(params), lr=lr, **{"rank": 2, "update_proj_gap": 2, **kw})
-
-    return build
-
-
-def _lowrank_groups(method: str) -> Callable[[list[nn.Parameter]], list[dict[str, Any]]]:
-    extra = {
-        "galore": {"rank": 2, "update_proj_gap": 2, "scale": 0.3, "proj_type": "std"},
-        "fira": {"rank": 2, "update_proj_gap": 2, "alpha": 0.3, "proj_type": "std"},
-        "apollo": {
-            "rank": 2,
-            "update_proj_gap": 2,
-            "scale": 1.0,
-            "proj": "random",
-            "scale_type": "channel",
-            "proj_type": "std",
-        },
-    }[method]
-
-    def groups(params):
-        return [{"params": vectors(params)}, {"params": matrices(params), **extra}]
-
-    return groups
-
-
-def _sub_module(module: nn.Module, params: list[nn.Parameter]) -> nn.Module:
-    """A container holding exactly the modules (and loose parameters) that own ``params``."""
-    ids = {id(p) for p in params}
-    sub = nn.ModuleList()
-    for child in module.children():
-        if any(id(p) in ids for p in child.parameters()):
-            sub.append(child)
-    holder = nn.Module()
-    for name, p in module.named_parameters(recurse=False):
-        if id(p) in ids:
-            holder.register_parameter(name, p)
-    if len(list(holder.parameters(recurse=False))):
-        sub.append(holder)
-    return sub
-
-
-def _build_optimizer(module, params, lr=LR, **kw):
-    return optim_pkg.build_optimizer(
-        _sub_module(module, params), "alice", lr=lr, lm_head_in_method=True, **{**ALICE, **kw}
-    )
-
-
-def _build_grouped(module, params, lr=LR, **kw):
-    objective = SimpleNamespace(model=_sub_module(module, params))
-    return optim_pkg.build_grouped(objective, None, "racs", lr=lr, lm_head_in_method=True, **kw)
-
-
-NAN, INF = math.nan, math.inf
-BAD_LR = [{"lr": -1.0}, {"lr": NAN}, {"lr": INF}]
-
-TORCH_ENTRIES = [
-    Entry(
-        "MatrixOptimizer",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.MatrixOptimizer(
-            [{**g, "adam": True} for g in _split(params)], {"lr": lr, **kw}
-        ),
-        lambda params: [{"params": params, "adam": True}],
-        [
-            *BAD_LR,
-            {"adam_betas": (1.0, 0.999)},
-            {"adam_betas": (NAN, 0.9)},
-            {"adam_eps": NAN},
-            {"weight_decay": NAN},
-        ],
-    ),
-    Entry(
-        "RACS",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.RACS(_matrix_groups(params), lr=lr, **kw),
-        _matrix_groups,
-        [
-            *BAD_LR,
-            {"beta": 1.5},
-            {"beta": NAN},
-            {"alpha": NAN},
-            {"gamma": NAN},
-            {"eps": NAN},
-            {"adam_betas": (0.9, 1.0)},
-        ],
-    ),
-    Entry(
-        "Alice",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.Alice(_matrix_groups(params), lr=lr, **{**ALICE, **kw}),
-        _matrix_groups,
-        [
-            *BAD_LR,
-            {"betas": (0.9, 0.9, 1.0)},
-            {"betas": (NAN, 0.9, 0.9)},
-            {"alpha_c": NAN},
-            {"eps": NAN},
-            {"gamma": NAN},
-        ],
-    ),
-    Entry(
-        "alice0",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.alice0(
-            _matrix_groups(params), lr=lr, **{**ALICE, **kw}
-        ),
-        _matrix_groups,
-        [*BAD_LR, {"betas": (0.9, 1.5)}, {"betas": (0.9,)}, {"alpha": NAN}],
-    ),
-    Entry(
-        "FOSI",
-        "torch",
-        _build_fosi_class,
-        lambda params: [{"params": params}],
-        [
-            *BAD_LR,
-            {"alpha": NAN},
-            {"alpha": -1.0},
-            {"eps": NAN},
-            {"eps": 0.0},
-            {"newton_momentum": "ema", "newton_beta": 1.5},
-            {"newton_momentum": "ema", "newton_beta": NAN},
-            {"lr_clip": NAN},
-            {"ese_period": 0},
-        ],
-    ),
-    Entry(
-        "fosi_adam",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.fosi_adam(
-            _split(params), ce, _ese_batch(module), lr=lr, **_fosi_kw(module, kw)
-        ),
-        lambda params: [{"params": params}],
-        [*BAD_LR, {"betas": (1.0, 0.999)}, {"betas": (0.9, NAN)}, {"alpha": NAN}, {"eps": NAN}],
-    ),
-    Entry(
-        "fosi_heavy_ball",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.fosi_heavy_ball(
-            _split(params), ce, _ese_batch(module), lr=lr, **_fosi_kw(module, kw)
-        ),
-        lambda params: [{"params": params}],
-        [*BAD_LR, {"momentum": -0.5}, {"alpha": NAN}, {"eps": NAN}, {"lr_clip": NAN}],
-    ),
-    Entry(
-        "fosi_gd",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.fosi_gd(
-            _split(params), ce, _ese_batch(module), lr=lr, **_fosi_kw(module, kw)
-        ),
-        lambda params: [{"params": params}],
-        [*BAD_LR, {"alpha": INF}, {"eps": NAN}],
-    ),
-    Entry(
-        "make_base_optimizer",
-        "torch",
-        lambda module, params, lr=LR, **kw: optim_pkg.make_base_optimizer(
-            "heavy_ball", _split(params), lr, **kw
-        ),
-        lambda params: [{"params": params}],
-        complex_real_view=True,
-        sparse_supported=True,
-    ),
-    Entry(
-        "galore",
-        "torch",
-        _lowrank_builder(optim_pkg.galore),
-        _lowrank_groups("galore"),
-        [*BAD_LR, {"betas": (1.0, 0.9)}, {"eps": NAN}, {"weight_decay": NAN}, {"rank": 0}],
-    ),
-    Entry(
-        "fira",
-        "torch",
-        _lowrank_builder(optim_pkg.fira),
-        _lowrank_groups("fira"),
-        [*BAD_LR, {"betas": (0.9, 1.0)}, {"eps": NAN}, {"adam_lr": NAN}],
-    ),
-    Entry(
-        "apollo",
-        "torch",
-        _lowrank_builder(optim_pkg.apollo),
-        _lowrank_groups("apollo"),
-        [*BAD_LR, {"betas": (NAN, 0.9)}, {"eps": 0.0}, {"update_proj_gap": 0}],
-    ),
-    Entry(
-        "build_optimizer",
-        "torch",
-        _build_optimizer,
-        _matrix_groups,
-        [*BAD_LR, {"betas": (0.9, 0.9, 2.0)}, {"eps": NAN}],
-    ),
-    Entry(
-        "build_grouped",
-        "torch",
-        _build_grouped,
-        _matrix_groups,
-        [*BAD_LR, {"beta": NAN}, {"alpha": NAN}],
-    ),
-]
-
-
-def _fosi_algorithm(objective, data, lr=LR, **kw):
-    model = objective.model
-    params = [p for p in model.parameters() if p.requires_grad]
-    ese = batch(data.train, 0, 32)
-    fosi = optim_pkg.fosi_heavy_ball(params, ce, ese, lr=lr, model=model, **{**FOSI_OPTS, **kw})
-    return optim_pkg.FOSIAlgorithm(objective, fosi)
-
-
-SHF_OPTS = {"batch_size": 16, "maxiter": 4, "miniter": 1, "max_batch_size": 32}
-HFCG_OPTS = {"cg_maxiter": 4, "numchunks": 2, "cg_min_gap": 1}
-BAD_STEP = [{"lr": -1.0}, {"lr": NAN}, {"lr": INF}, {"damping": NAN}, {"damping": 0.0}, {"damping": INF}]
-ALGORITHM_ENTRIES = [
-    Entry(
-        "FGN",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.FGN(obj, **kw),
-        invalid=[*BAD_STEP, {"cg_tol": NAN}],
-    ),
-    Entry(
-        "SGN",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.SGN(obj, **kw),
-        invalid=[*BAD_STEP, {"cg_tol": NAN}],
-    ),
-    Entry(
-        "KFAC",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.KFAC(obj, **{"lr": LR, "momentum": 0.5, **kw}),
-        invalid=[
-            *BAD_STEP,
-            {"momentum": NAN},
-            {"momentum": -0.5},
-            {"min_damping": NAN},
-            {"damping_adaptation_decay": NAN},
-        ],
-    ),
-    Entry(
-        "SHF",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.SHF(obj, data, **{**SHF_OPTS, **kw}),
-        invalid=[{"damping": NAN}],
-        loss_kind="squared_error",
-    ),
-    Entry(
-        "HFCG",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.HFCG(obj, data, **{**HFCG_OPTS, **kw}),
-        invalid=[{"initlambda": NAN}],
-    ),
-    Entry("FOSIAlgorithm", "algorithm", _fosi_algorithm, invalid=[*BAD_LR, {"alpha": NAN}, {"eps": NAN}]),
-    Entry(
-        "build_fgn",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.build_fgn(obj, data, **kw),
-        invalid=BAD_STEP,
-    ),
-    Entry(
-        "build_sgn",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.build_sgn(obj, data, **kw),
-        invalid=BAD_STEP,
-    ),
-    Entry(
-        "build_kfac",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.build_kfac(obj, data, **{"lr": LR, "momentum": 0.5, **kw}),
-        invalid=BAD_STEP,
-    ),
-    Entry(
-        "build_shf",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.build_shf(obj, data, **{**SHF_OPTS, **kw}),
-        invalid=[{"damping": NAN}],
-        loss_kind="squared_error",
-    ),
-    Entry(
-        "build_hf_cg",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.build_hf_cg(obj, data, **{**HFCG_OPTS, **kw}),
-        invalid=[{"initlambda": NAN}],
-    ),
-    Entry(
-        "build_fosi",
-        "algorithm",
-        lambda obj, data, **kw: optim_pkg.build_fosi(
-            obj, data, **{"lr": LR, **FOSI_OPTS, "ese_batch_size": 32, **kw}
-        ),
-        invalid=[*BAD_LR, {"alpha": NAN}, {"k": 0}, {"eps": NAN}],
-    ),
-]
-ENTRIES = {e.name: e for e in TORCH_ENTRIES + ALGORITHM_ENTRIES}
-
-
-def _official(name: str) -> bool:
-    return name not in ("galore", "fira", "apollo") or lowrank.official_available(name)
-
-
-def check(name: str, prop: str) -> Entry:
+def check(name: str, prop: str) -> Case:
     """The entry, after the tables: a documented skip, or a skip for a missing upstream package.
 
     (Strict xfails are attached as marks by :func:`cases`, so that they run.)
     """
     if (name, prop) in SKIPS:
         pytest.skip(SKIPS[(name, prop)])
-    if not _official(name):
+    if not ENTRIES[name].available():
         pytest.skip(f"the official {name} package is not installed")
     return ENTRIES[name]
 
@@ -649,11 +125,7 @@ TORCH, ALGO, BOTH = ("torch",), ("algorithm",), ("torch", "algorithm")
 
 
 # -------------------------------------------------------------------------- torch helpers
-def params_of(model: nn.Module) -> list[nn.Parameter]:
-    return list(model.parameters())
-
-
-def build(entry: Entry, model: nn.Module, params: list[nn.Parameter] | None = None, **kw: Any) -> Any:
+def build(entry: Case, model: nn.Module, params: list[nn.Parameter] | None = None, **kw: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return entry.build(model, params_of(model) if params is None else params, **kw)
@@ -681,13 +153,21 @@ def train(
     return losses
 
 
-def assert_same(a: nn.Module, b: nn.Module) -> None:
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
-        assert torch.equal(pa, pb), f"{name} differs"
-
-
 def snapshot(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
+
+
+def torch_twin(entry: Case) -> Callable[[int, dict[str, Any] | None], Twin]:
+    """A round-trip side (cases.round_trip): the net from ``seed`` (then ``weights``) and the optimizer."""
+
+    def make(seed: int, weights: dict[str, Any] | None) -> Twin:
+        model = make_model(seed=seed)
+        if weights is not None:
+            model.load_state_dict(weights)
+        opt = build(entry, model)
+        return Twin(model, lambda t: train(model, opt, 1, start=t), opt.state_dict, opt.load_state_dict)
+
+    return make
 
 
 # -------------------------------------------------------------------------- torch properties
@@ -805,45 +285,23 @@ def test_frozen_and_gradient_free_parameters_are_untouched(name, prop):
 @pytest.mark.parametrize("name,prop", cases(TORCH, "state_dict"))
 def test_state_dict_round_trip_continues_bit_identically(name, prop):
     entry = check(name, prop)
-    model = make_model()
-    opt = build(entry, model)
-    train(model, opt, 3)
-    sd = opt.state_dict()
-    assert {"state", "param_groups"} <= set(sd), "torch.optim's state_dict layout"
-    buf = io.BytesIO()
-    torch.save(sd, buf)
-    buf.seek(0)
-    loaded = torch.load(buf, weights_only=False)
-    model_b = make_model(seed=7)
-    model_b.load_state_dict(model.state_dict())
-    opt_b = build(entry, model_b)
-    opt_b.load_state_dict(loaded)
-    train(model, opt, 3, start=3)
-    train(model_b, opt_b, 3, start=3)
-    assert_same(model, model_b)
-    assert opt.state_dict().keys() == opt_b.state_dict().keys()
+
+    def layout(sd):
+        assert {"state", "param_groups"} <= set(sd), "torch.optim's state_dict layout"
+
+    a, b, _, _ = round_trip(torch_twin(entry), 3, 3, weights_only=False, check_state=layout)
+    assert_same(a.model, b.model)
+    assert a.state_dict().keys() == b.state_dict().keys()
 
 
 @pytest.mark.parametrize("name,prop", cases(TORCH, "weights_only"))
 def test_state_dict_loads_with_weights_only(name, prop):
     entry = check(name, prop)
-    model = make_model()
-    opt = build(entry, model)
-    train(model, opt, 3)
-    buf = io.BytesIO()
-    torch.save(opt.state_dict(), buf)
-    buf.seek(0)
-    loaded = torch.load(buf, weights_only=True)
-    model_b = make_model(seed=7)
-    model_b.load_state_dict(model.state_dict())
-    opt_b = build(entry, model_b)
-    opt_b.load_state_dict(loaded)
-    train(model, opt, 2, start=3)
-    train(model_b, opt_b, 2, start=3)
-    assert_same(model, model_b)
+    a, b, _, _ = round_trip(torch_twin(entry), 3, 2, weights_only=True)
+    assert_same(a.model, b.model)
 
 
-def _copy_continues(entry: Entry, copier: Callable[[Any], Any], steps_before: int) -> None:
+def _copy_continues(entry: Case, copier: Callable[[Any], Any], steps_before: int) -> None:
     model = make_model()
     opt = build(entry, model)
     train(model, opt, steps_before)
@@ -897,7 +355,7 @@ def test_complex_parameters_work_or_raise_a_clear_error(name, prop):
     except (TypeError, ValueError) as err:
         assert "complex" in str(err) or "floating" in str(err), str(err)
         return
-    assert entry.complex_real_view, f"{name} accepted complex parameters; say how it treats them"
+    assert entry.supports_complex, f"{name} accepted complex parameters; say how it treats them"
     # accepted: it must act on them as on their real view (torch.view_as_real)
     real = [nn.Parameter(torch.view_as_real(p.detach().clone())) for p in model.parameters()]
     opt_real = entry.build(model, real)
@@ -965,7 +423,7 @@ def test_same_seed_same_result(name, prop):
 COMPILE_BACKEND = "eager"
 
 
-def _compile_case(entry: Entry, backend: str, warm: int = 4, compiled_steps: int = 1) -> None:
+def _compile_case(entry: Case, backend: str, warm: int = 4, compiled_steps: int = 1) -> None:
     """Twins run ``warm`` eager steps, then one steps eagerly and the other through ``torch.compile``.
 
     The compiled update must match the eager one to 1e-4 of its size. Not bitwise: a traced graph
@@ -996,15 +454,15 @@ def _compile_case(entry: Entry, backend: str, warm: int = 4, compiled_steps: int
     torch._dynamo.reset()
 
 
-# compiled in the slow suite only: Dynamo traces their torch base optimizer (RMSprop, Adam) as well,
-# ~5 s each on two loaded cores; fosi_heavy_ball keeps FOSI's own update in the fast suite
-SLOW_COMPILE = {"FOSI", "fosi_adam"}
+# compiled in the slow suite only (a case's ``slow``): FOSI and fosi_adam, where Dynamo traces their
+# torch base optimizer (RMSprop, Adam) as well, ~5 s each on two loaded cores; fosi_heavy_ball keeps
+# FOSI's own update in the fast suite
 
 
 def _compile_cases() -> list[Any]:
     out = []
     for case in cases(BOTH, "compile"):
-        if case.values[0] in SLOW_COMPILE:
+        if "compile" in ENTRIES[case.values[0]].slow:
             case = pytest.param(*case.values, marks=[*case.marks, pytest.mark.slow], id=case.id)
         out.append(case)
     return out
@@ -1013,18 +471,20 @@ def _compile_cases() -> list[Any]:
 @pytest.mark.parametrize("name,prop", _compile_cases())
 def test_torch_compile_of_step(name, prop):
     # FOSI: the compiled step is the one with the ESE (before step 2), which runs eagerly inside it
-    warm = 2 if name.lower().startswith("fosi") else 4
-    _compile_case(check(name, prop), COMPILE_BACKEND, warm=warm)
+    # (the case's compile_warm)
+    entry = check(name, prop)
+    _compile_case(entry, COMPILE_BACKEND, warm=entry.compile_warm)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["MatrixOptimizer", "RACS", "Alice", "fosi_adam", "fosi_heavy_ball"])
 def test_torch_compile_of_step_inductor(name):
-    _compile_case(check(name, "compile"), "inductor", warm=2 if name.lower().startswith("fosi") else 4)
+    entry = check(name, "compile")
+    _compile_case(entry, "inductor", warm=entry.compile_warm)
 
 
 # -------------------------------------------------------------------------- algorithm helpers
-def algorithm_problem(entry: Entry, dtype: torch.dtype = F32, seed: int = 0, freeze_l1: bool = False):
+def algorithm_problem(entry: Case, dtype: torch.dtype = F32, seed: int = 0, freeze_l1: bool = False):
     model = make_model(dtype, seed=seed)
     if freeze_l1:
         model.l1.requires_grad_(False)
@@ -1035,7 +495,7 @@ def algorithm_problem(entry: Entry, dtype: torch.dtype = F32, seed: int = 0, fre
     return Objective(model, entry.loss_kind), data
 
 
-def build_algorithm(entry: Entry, objective: Objective, data: DataBundle, **kw: Any) -> Any:
+def build_algorithm(entry: Case, objective: Objective, data: DataBundle, **kw: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return entry.build(objective, data, **kw)
@@ -1063,20 +523,21 @@ def test_algorithm_step_moves_the_model(name, prop):
 @pytest.mark.parametrize("name,prop", cases(ALGO, "state_dict"))
 def test_algorithm_state_dict_round_trip_and_weights_only(name, prop):
     entry = check(name, prop)
-    objective, data = algorithm_problem(entry)
-    alg = build_algorithm(entry, objective, data)
-    run_algorithm(alg, data, 1)
-    buf = io.BytesIO()
-    torch.save(alg.state_dict(), buf)
-    buf.seek(0)
-    loaded = torch.load(buf, weights_only=True)
-    objective_b, _ = algorithm_problem(entry, seed=7)
-    objective_b.model.load_state_dict(objective.model.state_dict())
-    alg_b = build_algorithm(entry, objective_b, data)
-    alg_b.load_state_dict(loaded)
-    run_algorithm(alg, data, 2, start=1)
-    run_algorithm(alg_b, data, 2, start=1)
-    assert_same(objective.model, objective_b.model)
+
+    def make(seed: int, weights: dict[str, Any] | None) -> Twin:
+        objective, data = algorithm_problem(entry, seed=seed)
+        if weights is not None:
+            objective.model.load_state_dict(weights)
+        alg = build_algorithm(entry, objective, data)
+        return Twin(
+            objective.model,
+            lambda t: run_algorithm(alg, data, 1, start=t),
+            alg.state_dict,
+            alg.load_state_dict,
+        )
+
+    a, b, _, _ = round_trip(make, 1, 2, weights_only=True)
+    assert_same(a.model, b.model)
 
 
 @pytest.mark.parametrize("name,prop", cases(ALGO, ("deepcopy", "pickle")))
@@ -1302,22 +763,10 @@ def test_lowrank_state_loads_weights_only_with_safe_globals():
     for method in ("galore", "fira", "apollo"):
         if not lowrank.official_available(method):
             continue
-        entry = ENTRIES[method]
-        model = make_model()
-        opt = build(entry, model)
-        train(model, opt, 3)
-        buf = io.BytesIO()
-        torch.save(opt.state_dict(), buf)
-        buf.seek(0)
-        with torch.serialization.safe_globals(lowrank.state_globals(method)):
-            loaded = torch.load(buf, weights_only=True)
-        model_b = make_model(seed=7)
-        model_b.load_state_dict(model.state_dict())
-        opt_b = build(entry, model_b)
-        opt_b.load_state_dict(loaded)
-        train(model, opt, 2, start=3)
-        train(model_b, opt_b, 2, start=3)
-        assert_same(model, model_b)
+        a, b, _, _ = round_trip(
+            torch_twin(ENTRIES[method]), 3, 2, weights_only=True, safe_globals=lowrank.state_globals(method)
+        )
+        assert_same(a.model, b.model)
 
 
 # -------------------------------------------------------------------------- docs and tables

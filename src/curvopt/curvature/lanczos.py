@@ -243,6 +243,48 @@ def lanczos(
         NonSymmetricOperatorError: If the symmetry check fails.
         LanczosError: If the operator returns non-finite values.
     """
+    m = _num_iterations(n, k, l, num_iters, reorth)
+    if generator is None and start is None:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def random_vector() -> Tensor:
+        # drawn on the CPU so the vector is the same on every device for a given seed
+        return torch.randn(n, dtype=torch.float64, generator=generator).to(device)
+
+    if symmetry_check:
+        check_symmetry(matvec, n, operator_dtype=operator_dtype, device=device, rtol=symmetry_rtol)
+    K = _Krylov.begin(start, random_vector, n, m, device)
+    omega = _OmegaModel.create(m, n, operator_dtype, partial=reorth == "partial")
+    for i in range(m):
+        w, alpha = _apply_operator(matvec, K, i, operator_dtype)
+        if i + 1 == m:
+            # β_m for the residual estimates: the recurrence value, no re-orthogonalisation needed
+            K.beta_last = float(_subtract_three_term(K, w, i, alpha).norm())
+            break
+        if reorth == "twice":
+            beta = _orthogonalise_twice(K, w, i)
+        elif reorth == "partial":
+            beta = _orthogonalise_partial(K, omega, w, i, alpha)
+        else:
+            beta = _orthogonalise_dgks(K, w, i, alpha)
+        _next_basis_vector(K, omega, w, beta, i, breakdown_tol, random_vector)
+    return _ritz_pairs(K, omega, k, l, device)
+
+
+# -- Lanczos' phases -------------------------------------------------------------------------------
+# Iteration i of the three-term recurrence β_i q_{i+1} = A q_i − α_i q_i − β_{i−1} q_{i−1}:
+#   _apply_operator         w = A q_i (in the operator's dtype) and α_i = q_iᵀw
+#   _orthogonalise_*        w ← w − α_i q_i − β_{i−1} q_{i−1} (explicitly, or within twice's two
+#                           full passes) and the mode's re-orthogonalisation (module docstring);
+#                           each returns β_i = ‖w‖
+#   _next_basis_vector      q_{i+1} = w/β_i, or a random restart after breakdown
+# and once at the end _ritz_pairs: eigenpairs of T (or of T + C) and the Ritz vectors. Basis, α, β
+# and counters live in _Krylov; partial re-orthogonalisation's ω estimates (Simon 1984) in
+# _OmegaModel.
+
+
+def _num_iterations(n: int, k: int, l: int, num_iters: int | None, reorth: str) -> int:  # noqa: E741
+    """Check the sizes and the mode before any product is spent; returns m."""
     if k < 0 or l < 0 or k + l == 0:
         raise ValueError(f"need k ≥ 0, ℓ ≥ 0 and k + ℓ ≥ 1, got k={k}, ℓ={l}")
     if k + l >= n:
@@ -255,176 +297,264 @@ def lanczos(
     m = default_num_iters(n, k, l) if num_iters is None else int(num_iters)
     if not k + l <= m <= n:
         raise ValueError(f"num_iters must lie in [k + ℓ, n] = [{k + l}, {n}], got {m}")
-    f64 = torch.float64
-    if generator is None and start is None:
-        generator = torch.Generator(device="cpu").manual_seed(seed)
+    return m
 
-    def random_vector() -> Tensor:
-        # drawn on the CPU so the vector is the same on every device for a given seed
-        return torch.randn(n, dtype=f64, generator=generator).to(device)
 
-    if symmetry_check:
-        check_symmetry(matvec, n, operator_dtype=operator_dtype, device=device, rtol=symmetry_rtol)
+@dataclass
+class _Krylov:
+    """The float64 Lanczos basis Q (rows), T's diagonal α and off-diagonal β, and the counters."""
 
-    q = (
-        start.detach().to(device=device, dtype=f64).reshape(-1) if start is not None else random_vector()
-    ).clone()
-    if q.numel() != n:
-        raise ValueError(f"start vector has {q.numel()} entries, operator dimension is {n}")
-    q_norm = float(q.norm())
-    if not math.isfinite(q_norm) or q_norm == 0.0:
-        raise ValueError("start vector must be finite and non-zero")
-    Q = torch.empty(m, n, dtype=f64, device=device)
-    Q[0] = q / q_norm
-    alphas = torch.zeros(m, dtype=f64)
-    betas = torch.zeros(max(m - 1, 0), dtype=f64)
-    t_norm = 0.0  # running max of |α|, β: the scale breakdown is measured against
-    restarts = 0
-    passes = 0  # Gram-Schmidt passes against the basis (cost: 2 reads of Q[: i + 1] each)
-    beta_last = 0.0
-    # partial re-orthogonalisation: ω estimates of q_{i}ᵀq_k (rows i − 1, i, i + 1 of the ω matrix)
-    # rounding level of the local recurrence: an inner product of length n in float64, or the
-    # operator's own precision when it is lower (a float32 Hessian product perturbs every new vector
-    # by ~ε₃₂‖A‖ in all directions, so ω then exceeds √ε after one step and every vector is projected)
-    eps1 = max(_EPS64 * math.sqrt(n), torch.finfo(operator_dtype).eps)
-    omega_tol = math.sqrt(_EPS64)
-    om_prev, om_cur, om_new = (torch.zeros(m + 1, dtype=f64) for _ in range(3))
-    om_cur[0] = 1.0
-    C = torch.zeros(m, m, dtype=f64) if reorth == "partial" else None  # Gram-Schmidt coefficients
-    force_next = always_full = False
-    skipped = 0  # iterations of partial that made no pass (the basis is then only semi-orthogonal)
-    omega_max = 0.0
-    for i in range(m):
-        qi = Q[i]
-        w = matvec(qi.to(operator_dtype)).to(f64).reshape(-1)
-        if w.numel() != n:
-            raise ValueError(f"matvec returned {w.numel()} entries for a vector of {n}")
-        alpha = float(w @ qi)
-        if not math.isfinite(alpha):
-            raise LanczosError(
-                f"non-finite value α = {alpha} at Lanczos iteration {i}: the operator returned NaN/Inf "
-                "(diverged parameters, or a loss that overflows on the ESE batch)"
-            )
-        alphas[i] = alpha
-        t_norm = max(t_norm, abs(alpha))
-        basis = Q[: i + 1]
-        if i + 1 == m:
-            # β_m for the residual estimates: the recurrence value, no re-orthogonalisation needed
-            w.add_(qi, alpha=-alpha)
-            if i > 0:
-                w.add_(Q[i - 1], alpha=-float(betas[i - 1]))
-            beta_last = float(w.norm())
-            break
-        if reorth == "twice":
-            for _ in range(2):
-                w.addmv_(basis.T, basis @ w, alpha=-1.0)
-            passes += 2
+    Q: Tensor  # (m, n) on the device
+    alphas: Tensor  # (m,) on the CPU
+    betas: Tensor  # (m − 1,) on the CPU
+    t_norm: float = 0.0  # running max of |α|, β: the scale breakdown is measured against
+    restarts: int = 0
+    passes: int = 0  # Gram-Schmidt passes against the basis (cost: 2 reads of Q[: i + 1] each)
+    beta_last: float = 0.0  # β_m of the last iteration, for the residual estimates
+
+    @classmethod
+    def begin(
+        cls,
+        start: Tensor | None,
+        random_vector: Callable[[], Tensor],
+        n: int,
+        m: int,
+        device: torch.device | str | None,
+    ) -> _Krylov:
+        """An empty basis whose first row is the normalised start vector (``start`` or random)."""
+        f64 = torch.float64
+        q = (
+            start.detach().to(device=device, dtype=f64).reshape(-1) if start is not None else random_vector()
+        ).clone()
+        if q.numel() != n:
+            raise ValueError(f"start vector has {q.numel()} entries, operator dimension is {n}")
+        q_norm = float(q.norm())
+        if not math.isfinite(q_norm) or q_norm == 0.0:
+            raise ValueError("start vector must be finite and non-zero")
+        Q = torch.empty(m, n, dtype=f64, device=device)
+        Q[0] = q / q_norm
+        return cls(Q, torch.zeros(m, dtype=f64), torch.zeros(max(m - 1, 0), dtype=f64))
+
+
+@dataclass
+class _OmegaModel:
+    """Simon's estimates ω_{i,k} ≈ q_iᵀq_k for partial re-orthogonalisation (module docstring).
+
+    Only rows i − 1, i and i + 1 of the ω matrix are kept (``prev``, ``cur``, ``new``, rotated
+    after each iteration): tracking the loss of orthogonality then costs O(i) scalar operations
+    and never reads the basis. Unused (but allocated) in the other modes.
+    """
+
+    partial: bool
+    eps1: float  # rounding level of the local recurrence
+    tol: float  # √ε: above it semi-orthogonality is about to be lost
+    prev: Tensor
+    cur: Tensor
+    new: Tensor
+    C: Tensor | None  # Gram-Schmidt coefficients of the passes: A Q = Q (T + C) + β_m q_{m+1} e_mᵀ
+    force_next: bool = False  # the next vector gets a pass too (its recurrence carries a large ω)
+    always_full: bool = False  # after a breakdown restart every vector gets a pass
+    skipped: int = 0  # iterations that made no pass (the basis is then only semi-orthogonal)
+    omega_max: float = 0.0  # largest estimated |q_iᵀq_k| met (before a pass)
+
+    @classmethod
+    def create(cls, m: int, n: int, operator_dtype: torch.dtype, partial: bool) -> _OmegaModel:
+        """ω rows for m iterations; ω_{1,1} = 1."""
+        # rounding level of the local recurrence: an inner product of length n in float64, or the
+        # operator's own precision when it is lower (a float32 Hessian product perturbs every new
+        # vector by ~ε₃₂‖A‖ in all directions, so ω then exceeds √ε after one step and every vector
+        # is projected)
+        eps1 = max(_EPS64 * math.sqrt(n), torch.finfo(operator_dtype).eps)
+        prev, cur, new = (torch.zeros(m + 1, dtype=torch.float64) for _ in range(3))
+        cur[0] = 1.0
+        C = torch.zeros(m, m, dtype=torch.float64) if partial else None
+        return cls(partial, eps1, math.sqrt(_EPS64), prev, cur, new, C)
+
+    def advance(self, K: _Krylov, i: int, alpha: float, beta: float) -> float:
+        """Row i + 1 of ω from rows i and i − 1; returns its largest entry max_k |ω_{i+1,k}|."""
+        noise = self.eps1 * K.t_norm
+        if i > 0 and beta > 0.0:
+            # ω_{i+1,k} = q_{i+1}ᵀq_k, k < i, from the three-term recurrence applied on both sides:
+            # β_i ω_{i+1,k} = β_k ω_{i,k+1} + (α_k − α_i) ω_{i,k} + β_{k−1} ω_{i,k−1} − β_{i−1} ω_{i−1,k},
+            # plus a rounding term of size ε₁‖T‖ added with the sign that makes |ω| larger
+            b = K.betas[:i]
+            raw = b * self.cur[1 : i + 1] + (K.alphas[:i] - alpha) * self.cur[:i] - b[i - 1] * self.prev[:i]
+            if i > 1:
+                raw[1:] += b[: i - 1] * self.cur[: i - 1]
+            self.new[:i] = (raw + torch.where(raw >= 0, noise, -noise)) / beta
+        self.new[i] = noise / beta if beta > 0.0 else 1.0  # ω_{i+1,i}: the local (rounding-level) term
+        self.new[i + 1] = 1.0
+        return float(self.new[: i + 1].abs().max())
+
+    def rotate(self) -> None:
+        """Move on one row: the new row becomes the current one."""
+        self.prev, self.cur, self.new = self.cur, self.new, self.prev
+
+
+def _apply_operator(matvec: MatVec, K: _Krylov, i: int, operator_dtype: torch.dtype) -> tuple[Tensor, float]:
+    """``w = A q_i`` (the product in the operator's dtype, the result in float64) and α_i = q_iᵀw."""
+    qi = K.Q[i]
+    w = matvec(qi.to(operator_dtype)).to(torch.float64).reshape(-1)
+    if w.numel() != K.Q.shape[1]:
+        raise ValueError(f"matvec returned {w.numel()} entries for a vector of {K.Q.shape[1]}")
+    alpha = float(w @ qi)
+    if not math.isfinite(alpha):
+        raise LanczosError(
+            f"non-finite value α = {alpha} at Lanczos iteration {i}: the operator returned NaN/Inf "
+            "(diverged parameters, or a loss that overflows on the ESE batch)"
+        )
+    K.alphas[i] = alpha
+    K.t_norm = max(K.t_norm, abs(alpha))
+    return w, alpha
+
+
+def _subtract_three_term(K: _Krylov, w: Tensor, i: int, alpha: float) -> Tensor:
+    """``w ← w − α_i q_i − β_{i−1} q_{i−1}`` in place (O(n): the recurrence's own components)."""
+    w.add_(K.Q[i], alpha=-alpha)
+    if i > 0:
+        w.add_(K.Q[i - 1], alpha=-float(K.betas[i - 1]))
+    return w
+
+
+def _gram_schmidt(basis: Tensor, w: Tensor) -> None:
+    """One classical Gram-Schmidt pass ``w ← w − Qᵀ(Q w)``: one gemv each way over the rows built."""
+    w.addmv_(basis.T, basis @ w, alpha=-1.0)
+
+
+def _orthogonalise_twice(K: _Krylov, w: Tensor, i: int) -> float:
+    """The authors' scheme: two full classical Gram-Schmidt passes (they subsume α and β)."""
+    basis = K.Q[: i + 1]
+    for _ in range(2):
+        _gram_schmidt(basis, w)
+    K.passes += 2
+    return float(w.norm())
+
+
+def _orthogonalise_dgks(K: _Krylov, w: Tensor, i: int, alpha: float) -> float:
+    """Three-term components, one pass, and a second only on cancellation (DGKS criterion)."""
+    _subtract_three_term(K, w, i, alpha)
+    basis = K.Q[: i + 1]
+    before = float(w.norm())
+    _gram_schmidt(basis, w)
+    beta = float(w.norm())
+    K.passes += 1
+    if beta < before / math.sqrt(2.0):  # cancellation: one more pass (DGKS criterion)
+        _gram_schmidt(basis, w)
+        beta = float(w.norm())
+        K.passes += 1
+    return beta
+
+
+def _orthogonalise_partial(K: _Krylov, omega: _OmegaModel, w: Tensor, i: int, alpha: float) -> float:
+    """Three-term components, then a pass only when the ω estimates say semi-orthogonality is lost."""
+    _subtract_three_term(K, w, i, alpha)
+    beta = float(w.norm())
+    if not math.isfinite(beta):
+        raise LanczosError(f"non-finite value β = {beta} at Lanczos iteration {i}")
+    K.t_norm = max(K.t_norm, beta)
+    worst = omega.advance(K, i, alpha, beta)
+    omega.omega_max = max(omega.omega_max, worst)
+    if omega.force_next or worst > omega.tol:
+        # semi-orthogonality is about to be lost: one classical Gram-Schmidt pass now and one
+        # for the next vector (whose recurrence still carries this vector's large ω)
+        basis = K.Q[: i + 1]
+        before = beta
+        for _ in range(2):
+            h = basis @ w
+            w.addmv_(basis.T, h, alpha=-1.0)
+            omega.C[: i + 1, i] += h.cpu()  # A q_i = Q (T + C) e_i + β_i q_{i+1}: kept for the Ritz step
             beta = float(w.norm())
-        elif reorth == "partial":
-            w.add_(qi, alpha=-alpha)
-            if i > 0:
-                w.add_(Q[i - 1], alpha=-float(betas[i - 1]))
-            beta = float(w.norm())
-            if not math.isfinite(beta):
-                raise LanczosError(f"non-finite value β = {beta} at Lanczos iteration {i}")
-            t_norm = max(t_norm, beta)
-            noise = eps1 * t_norm
-            if i > 0 and beta > 0.0:
-                # ω_{i+1,k} = q_{i+1}ᵀq_k, k < i, from the three-term recurrence applied on both sides:
-                # β_i ω_{i+1,k} = β_k ω_{i,k+1} + (α_k − α_i) ω_{i,k} + β_{k−1} ω_{i,k−1} − β_{i−1} ω_{i−1,k},
-                # plus a rounding term of size ε₁‖T‖ added with the sign that makes |ω| larger
-                b = betas[:i]
-                raw = b * om_cur[1 : i + 1] + (alphas[:i] - alpha) * om_cur[:i] - b[i - 1] * om_prev[:i]
-                if i > 1:
-                    raw[1:] += b[: i - 1] * om_cur[: i - 1]
-                om_new[:i] = (raw + torch.where(raw >= 0, noise, -noise)) / beta
-            om_new[i] = noise / beta if beta > 0.0 else 1.0  # ω_{i+1,i}: the local (rounding-level) term
-            om_new[i + 1] = 1.0
-            worst = float(om_new[: i + 1].abs().max())
-            omega_max = max(omega_max, worst)
-            if force_next or worst > omega_tol:
-                # semi-orthogonality is about to be lost: one classical Gram-Schmidt pass now and one
-                # for the next vector (whose recurrence still carries this vector's large ω)
-                before = beta
-                for _ in range(2):
-                    h = basis @ w
-                    w.addmv_(basis.T, h, alpha=-1.0)
-                    C[: i + 1, i] += h.cpu()  # A q_i = Q (T + C) e_i + β_i q_{i+1}: kept for the Ritz step
-                    beta = float(w.norm())
-                    passes += 1
-                    if beta >= before / math.sqrt(2.0):  # no heavy cancellation: one pass is enough
-                        break
-                om_new[: i + 1] = eps1
-                force_next = always_full or not force_next
-            else:
-                skipped += 1
-            om_prev, om_cur, om_new = om_cur, om_new, om_prev
-        else:
-            w.add_(qi, alpha=-alpha)
-            if i > 0:
-                w.add_(Q[i - 1], alpha=-float(betas[i - 1]))
-            before = float(w.norm())
-            w.addmv_(basis.T, basis @ w, alpha=-1.0)
-            beta = float(w.norm())
-            passes += 1
-            if beta < before / math.sqrt(2.0):  # cancellation: one more pass (DGKS criterion)
-                w.addmv_(basis.T, basis @ w, alpha=-1.0)
-                beta = float(w.norm())
-                passes += 1
-        if not math.isfinite(beta):
-            raise LanczosError(f"non-finite value β = {beta} at Lanczos iteration {i}")
-        t_norm = max(t_norm, beta)
-        if beta <= breakdown_tol * max(t_norm, 1e-300):
-            # invariant subspace: continue from a random vector orthogonal to the basis (β = 0)
-            restarts += 1
-            w = random_vector()
-            for _ in range(2):
-                w.addmv_(basis.T, basis @ w, alpha=-1.0)
-            w_norm = float(w.norm())
-            if w_norm == 0.0:  # pragma: no cover - needs i + 1 == n, excluded by m ≤ n
-                raise LanczosError("cannot extend the Krylov basis after breakdown")
-            Q[i + 1] = w / w_norm
-            betas[i] = 0.0
-            if reorth == "partial":
-                # the ω model assumes the three-term recurrence holds to rounding error; across a
-                # restart it holds only to breakdown_tol‖T‖, so from here on every vector is projected
-                always_full = force_next = True
-                om_cur[: i + 1] = eps1
-        else:
-            torch.mul(w, 1.0 / beta, out=Q[i + 1])
-            betas[i] = beta
-    T = torch.diag(alphas)
+            K.passes += 1
+            if beta >= before / math.sqrt(2.0):  # no heavy cancellation: one pass is enough
+                break
+        omega.new[: i + 1] = omega.eps1
+        omega.force_next = omega.always_full or not omega.force_next
+    else:
+        omega.skipped += 1
+    omega.rotate()
+    return beta
+
+
+def _next_basis_vector(
+    K: _Krylov,
+    omega: _OmegaModel,
+    w: Tensor,
+    beta: float,
+    i: int,
+    breakdown_tol: float,
+    random_vector: Callable[[], Tensor],
+) -> None:
+    """``q_{i+1} = w/β_i``; on breakdown a random vector orthogonal to the basis, with β_i = 0.
+
+    The restart keeps T block diagonal, so its eigenvalues stay exact eigenvalues of A and k + ℓ
+    pairs can still be returned on operators with few distinct eigenvalues (module docstring).
+    """
+    if not math.isfinite(beta):
+        raise LanczosError(f"non-finite value β = {beta} at Lanczos iteration {i}")
+    K.t_norm = max(K.t_norm, beta)
+    if beta <= breakdown_tol * max(K.t_norm, 1e-300):
+        # invariant subspace: continue from a random vector orthogonal to the basis (β = 0)
+        K.restarts += 1
+        basis = K.Q[: i + 1]
+        w = random_vector()
+        for _ in range(2):
+            _gram_schmidt(basis, w)
+        w_norm = float(w.norm())
+        if w_norm == 0.0:  # pragma: no cover - needs i + 1 == n, excluded by m ≤ n
+            raise LanczosError("cannot extend the Krylov basis after breakdown")
+        K.Q[i + 1] = w / w_norm
+        K.betas[i] = 0.0
+        if omega.partial:
+            # the ω model assumes the three-term recurrence holds to rounding error; across a
+            # restart it holds only to breakdown_tol‖T‖, so from here on every vector is projected
+            omega.always_full = omega.force_next = True
+            omega.cur[: i + 1] = omega.eps1
+    else:
+        torch.mul(w, 1.0 / beta, out=K.Q[i + 1])
+        K.betas[i] = beta
+
+
+def _ritz_pairs(
+    K: _Krylov,
+    omega: _OmegaModel,
+    k: int,
+    l: int,  # noqa: E741
+    device: torch.device | str | None,
+) -> LanczosResult:
+    """Eigenpairs of T (of T + C after partial passes), the selected Ritz vectors and their bounds."""
+    m = K.Q.shape[0]
+    T = torch.diag(K.alphas)
     if m > 1:
-        T += torch.diag(betas, 1) + torch.diag(betas, -1)
+        T += torch.diag(K.betas, 1) + torch.diag(K.betas, -1)
     evals, S = torch.linalg.eigh(T)
-    if skipped > 0 and passes > 0:  # a semi-orthogonal basis with passes: see _ritz_with_corrections
-        evals, S = _ritz_with_corrections(T, C, evals, S)
+    if omega.skipped > 0 and K.passes > 0:  # a semi-orthogonal basis with passes: see _ritz_with_corrections
+        evals, S = _ritz_with_corrections(T, omega.C, evals, S)
     if not torch.isfinite(evals).all():
         raise LanczosError(
             f"eigh of the tridiagonal matrix returned non-finite eigenvalues: {evals.tolist()}"
         )
     idx = torch.cat([torch.arange(l), torch.arange(m - k, m)])
     S_sel = S[:, idx].to(device)
-    vectors = S_sel.T @ Q  # Ritz vectors, one blocked pass over the basis
-    if skipped > 0:
+    vectors = S_sel.T @ K.Q  # Ritz vectors, one blocked pass over the basis
+    if omega.skipped > 0:
         # Ritz vectors from a semi-orthogonal basis need not be orthonormal to working precision
         # (unconverged ones); FOSI projects on them, so orthonormalise symmetrically,
         # V ← (VVᵀ)^{-1/2} V: the nearest orthonormal rows ((k+ℓ)² n flops, two reads of V). When
         # every vector was projected (float32 operators) the basis is orthonormal and this is skipped
         g_val, g_vec = torch.linalg.eigh(vectors @ vectors.T)
         vectors = (g_vec * g_val.clamp_min(1e-300).rsqrt()) @ (g_vec.T @ vectors)
-    residuals = (beta_last * S[m - 1, idx]).abs()
+    residuals = (K.beta_last * S[m - 1, idx]).abs()
     return LanczosResult(
         eigenvalues=evals[idx].to(device),
         eigenvectors=vectors,
         ritz_values=evals.to(device),
         residual_bounds=residuals,
         iterations=m,
-        restarts=restarts,
-        reorth_passes=passes,
+        restarts=K.restarts,
+        reorth_passes=K.passes,
         k=k,
         l=l,
-        omega_max=omega_max if reorth == "partial" else float("nan"),
+        omega_max=omega.omega_max if omega.partial else float("nan"),
     )
 
 

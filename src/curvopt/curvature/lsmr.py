@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -289,263 +289,470 @@ def lsmr(
             return_best=return_best,
             callback=callback,
         )
-    matvec, rmatvec, (m, n), numpy_mode = as_operator(A)
-    b_t = torch.as_tensor(np.asarray(b) if numpy_mode else b)
-    if b_t.dim() > 1:
-        b_t = b_t.squeeze()
-    if numpy_mode:
-        b_t = b_t.to(torch.float64)
-    if b_t.numel() != m:
-        raise ValueError(f"b has {b_t.numel()} entries, A has {m} rows")
-    dtype, device = b_t.dtype, b_t.device
-    if not dtype.is_floating_point and not dtype.is_complex:
-        dtype = torch.float64
-        b_t = b_t.to(dtype)
-    c = None if precond is None else torch.as_tensor(precond, dtype=dtype, device=device).reshape(-1)
-    if c is not None:
-        # v ↦ A(c∘v) through one scratch vector (no per-iteration allocation); the c∘ of
-        # u ↦ c∘Aᵀu is fused into the bidiagonalisation update below
-        scratch = torch.empty(n, dtype=dtype, device=device)
-        mv0 = matvec
-        matvec = lambda v: mv0(torch.mul(c, v, out=scratch))
-    if maxiter is None:
-        maxiter = min(m, n)
-    maxiter = int(maxiter)
+    prob = _Problem.build(A, b, precond)
+    maxiter = int(min(prob.m, prob.n) if maxiter is None else maxiter)
     damp = float(damp)
+    s, normb = _initialise(prob, x0)
+    if s.normar == 0 or normb == 0:  # Aᵀb = 0 (or Aᵀr0 = 0): x0 is the solution
+        if normb == 0 and x0 is None:
+            s.x.zero_()
+        return _finish(prob, s, None, istop=0, itn=0, show=False)
+    tracker = None
+    if merit is not None:
+        tracker = _MeritTracker(
+            merit, maxiter, ftol, miniter, recover, merit_first, merit_growth, return_best
+        )
+        tracker.start(s.x)
+    if show:
+        print(f"LSMR: {prob.m}x{prob.n}, damp={damp:.3e}, atol={atol:.1e}, maxiter={maxiter}")
+    ctol = 1.0 / conlim if conlim > 0 else 0.0
 
-    def out(x: Tensor) -> Any:
-        return x.cpu().numpy() if numpy_mode else x
+    itn, istop = 0, 0
+    while itn < maxiter:
+        itn += 1
+        _bidiagonalise(s, prob)
+        rot = _rotate(s, damp)
+        _update_iterate(s, rot)
+        _estimate_residual_norm(s, rot)
+        test2 = _estimate_operator_norms(s, rot, itn)
+        if callback is not None:
+            callback(itn, s.x)
+        if not all(math.isfinite(t) for t in (s.normr, s.normar, s.zeta, s.rho, s.rhobar)):
+            istop = 11
+        elif tracker is not None:
+            istop = _merit_stop_code(tracker, s, itn, test2, atol, maxiter)
+        else:
+            istop = _scipy_stop_code(s, itn, test2, normb, atol, btol, ctol, maxiter, show)
+        if istop:
+            break
+    return _finish(prob, s, tracker, istop, itn, show)
 
-    # -- initialisation (Fong & Saunders; SciPy's order) ------------------------------------------
-    u = b_t.clone()
-    normb = _norm(b_t)
+
+# -- LSMR's phases ---------------------------------------------------------------------------------
+# One iteration of Fong & Saunders' LSMR, in their notation and SciPy's order:
+#   _bidiagonalise            Golub–Kahan: β_{k+1} u_{k+1} = A v_k − α_k u_k, α_{k+1} v_{k+1} = Aᵀu_{k+1} − β_{k+1} v_k
+#   _rotate                   P̂_k (damping), P_k (B → R) and P̄_k (Rᵀ → R̄): ρ, ρ̄, θ, θ̄, ζ, ζ̄
+#   _update_iterate           h̄_k, x_k, h_{k+1}
+#   _estimate_residual_norm   ‖r̄_k‖ from Q̂, Q and Q̃ applied to the right-hand side
+#   _estimate_operator_norms  ‖Ā‖, cond(Ā) and ‖Āᵀr̄_k‖ = |ζ̄_{k+1}|
+# then one of the two stopping rules: SHF's (Algorithm 6, _merit_stop_code) or SciPy's
+# (_scipy_stop_code). The phases share one mutable _LSMRState and must run in this order: each
+# reads the scalars of the current iteration that the previous one wrote.
+
+
+@dataclass(slots=True)
+class _Problem:
+    """The operator and right-hand side as the iteration sees them: torch vectors, ``A diag(c)``."""
+
+    matvec: Matvec  # v ↦ A(c∘v)
+    rmatvec: Matvec  # u ↦ Aᵀu; the c∘ is fused into the bidiagonalisation update
+    m: int
+    n: int
+    b: Tensor
+    c: Tensor | None  # the right preconditioner
+    numpy_mode: bool  # A came from numpy/SciPy: b, x0 and the returned x are numpy
+
+    @classmethod
+    def build(cls, A: Any, b: Any, precond: Tensor | None) -> _Problem:
+        """Check ``b`` against ``A``, pick the working dtype and fold ``c`` into the product."""
+        matvec, rmatvec, (m, n), numpy_mode = as_operator(A)
+        b_t = torch.as_tensor(np.asarray(b) if numpy_mode else b)
+        if b_t.dim() > 1:
+            b_t = b_t.squeeze()
+        if numpy_mode:
+            b_t = b_t.to(torch.float64)
+        if b_t.numel() != m:
+            raise ValueError(f"b has {b_t.numel()} entries, A has {m} rows")
+        dtype, device = b_t.dtype, b_t.device
+        if not dtype.is_floating_point and not dtype.is_complex:
+            dtype = torch.float64
+            b_t = b_t.to(dtype)
+        c = None if precond is None else torch.as_tensor(precond, dtype=dtype, device=device).reshape(-1)
+        if c is not None:
+            # v ↦ A(c∘v) through one scratch vector (no per-iteration allocation); the c∘ of
+            # u ↦ c∘Aᵀu is fused into the bidiagonalisation update (_bidiagonalise)
+            scratch = torch.empty(n, dtype=dtype, device=device)
+            mv0 = matvec
+            matvec = lambda v: mv0(torch.mul(c, v, out=scratch))
+        return cls(matvec, rmatvec, m, n, b_t, c, numpy_mode)
+
+    def out(self, x: Tensor) -> Any:
+        """``x`` in the caller's kind (numpy in numpy mode)."""
+        return x.cpu().numpy() if self.numpy_mode else x
+
+
+@dataclass(slots=True)
+class _LSMRState:
+    """Everything one LSMR iteration carries to the next (Fong & Saunders' notation).
+
+    Vectors in parameter space are stored as (scalar, buffer) pairs, v = sv·vt, h = sh·ht,
+    h̄ = shb·hbt: normalising v and the axpby updates then cost one fused pass each instead of
+    two (on CPU these passes over P-sized vectors rival the J·v/Jᵀu products at small batches).
+    All scalars are python floats (float64) whatever the vector dtype.
+    """
+
+    # Golub–Kahan bidiagonalisation
+    u: Tensor
+    vt: Tensor
+    sv: float
+    alpha: float
+    beta: float
+    # the iterate and the directions h, h̄
+    x: Tensor
+    ht: Tensor
+    sh: float
+    hbt: Tensor
+    shb: float
+    # rotations P̂, P, P̄
+    zetabar: float
+    alphabar: float
+    rho: float
+    rhobar: float
+    cbar: float
+    sbar: float
+    zeta: float
+    # ‖r̄‖ estimation (rotations Q̂, Q, Q̃ on the right-hand side)
+    betadd: float
+    betad: float
+    rhodold: float
+    tautildeold: float
+    thetatilde: float
+    dsum: float
+    # ‖Ā‖ and cond(Ā) estimation
+    norma2: float
+    maxrbar: float
+    minrbar: float
+    # the current estimates
+    normr: float
+    normar: float
+    norma: float
+    conda: float
+
+
+class _Rotations(NamedTuple):
+    """The scalars of one iteration's rotations that the later phases of that iteration need."""
+
+    chat: float  # P̂_k (damping)
+    shat: float
+    cc: float  # P_k
+    ss: float
+    rhoold: float  # ρ_{k−1}
+    rhobarold: float  # ρ̄_{k−1}
+    thetanew: float  # θ_{k+1}
+    thetabar: float  # θ̄_k
+    rhotemp: float  # c̄_{k−1} ρ_k, for the cond(Ā) estimate
+    zetaold: float  # ζ_{k−1}
+
+
+def _initialise(prob: _Problem, x0: Any) -> tuple[_LSMRState, float]:
+    """First bidiagonalisation step β₁u₁ = b − A x0, α₁v₁ = Aᵀu₁ and the recurrences' start values.
+
+    Returns the state and ‖b‖ (SciPy's order of initialisation).
+    """
+    dtype, device, n = prob.b.dtype, prob.b.device, prob.n
+    u = prob.b.clone()
+    normb = _norm(prob.b)
     if x0 is None:
         x = torch.zeros(n, dtype=dtype, device=device)
         beta = normb
     else:
-        x = torch.as_tensor(np.asarray(x0) if numpy_mode else x0).to(dtype=dtype, device=device)
+        x = torch.as_tensor(np.asarray(x0) if prob.numpy_mode else x0).to(dtype=dtype, device=device)
         x = x.reshape(-1).clone()
-        u = u - matvec(x).to(dtype)
+        u = u - prob.matvec(x).to(dtype)
         beta = _norm(u)
-    # Vectors in parameter space are stored as (scalar, buffer) pairs, v = sv·vt, h = sh·ht,
-    # h̄ = shb·hbt: normalising v and the axpby updates then cost one fused pass each instead of
-    # two (on CPU these passes over P-sized vectors rival the J·v/Jᵀu products at small batches).
     if beta > 0:
         u.mul_(1.0 / beta)
-        vt = rmatvec(u).to(dtype=dtype, copy=True)
-        if c is not None:
-            vt.mul_(c)
+        vt = prob.rmatvec(u).to(dtype=dtype, copy=True)
+        if prob.c is not None:
+            vt.mul_(prob.c)
         alpha = _norm(vt)
     else:
         vt = torch.zeros(n, dtype=dtype, device=device)
         alpha = 0.0
     sv = 1.0 / alpha if alpha > 0 else 1.0
+    state = _LSMRState(
+        u=u,
+        vt=vt,
+        sv=sv,
+        alpha=alpha,
+        beta=beta,
+        x=x,
+        ht=vt.clone(),
+        sh=sv,
+        hbt=torch.zeros(n, dtype=dtype, device=device),
+        shb=1.0,
+        zetabar=alpha * beta,
+        alphabar=alpha,
+        rho=1.0,  # the paper's Algorithm 6 prints ρ0 ← 0, a typo (0/0 in the first h̄ update)
+        rhobar=1.0,
+        cbar=1.0,
+        sbar=0.0,
+        zeta=0.0,
+        betadd=beta,
+        betad=0.0,
+        rhodold=1.0,
+        tautildeold=0.0,
+        thetatilde=0.0,
+        dsum=0.0,
+        norma2=alpha * alpha,
+        maxrbar=0.0,
+        minrbar=1e100,
+        normr=beta,
+        normar=alpha * beta,
+        norma=math.sqrt(alpha * alpha),
+        conda=1.0,
+    )
+    return state, normb
 
-    itn = 0
-    zetabar = alpha * beta
-    alphabar = alpha
-    rho = 1.0  # the paper's Algorithm 6 prints ρ0 ← 0, a typo (0/0 in the first h̄ update)
-    rhobar = 1.0
-    cbar = 1.0
-    sbar = 0.0
-    ht, sh = vt.clone(), sv
-    hbt, shb = torch.zeros(n, dtype=dtype, device=device), 1.0
-    # ‖r‖ estimation
-    betadd = beta
-    betad = 0.0
-    rhodold = 1.0
-    tautildeold = 0.0
-    thetatilde = 0.0
-    zeta = 0.0
-    dsum = 0.0
-    # ‖A‖, cond(A)
-    norma2 = alpha * alpha
-    maxrbar = 0.0
-    minrbar = 1e100
-    norma = math.sqrt(norma2)
-    conda = 1.0
-    normx = 0.0
+
+def _bidiagonalise(s: _LSMRState, prob: _Problem) -> None:
+    """Golub–Kahan step: β u ← A v − α u, then α v ← c∘Aᵀu − β v, with v = sv·vt.
+
+    ``beta == 0`` (or ``alpha == 0``) is the breakdown the stopping rules look for; α and v are
+    then left as they were.
+    """
+    # u ← (A vt − (alpha/sv) u) = (A v − alpha u)/sv, one fused pass (operator outputs are read,
+    # never modified, so operators may return a reused buffer)
+    torch.add(prob.matvec(s.vt), s.u, alpha=-s.alpha / s.sv, out=s.u)
+    nu = _norm(s.u)
+    s.beta = abs(s.sv) * nu
+    if s.beta > 0:
+        s.u.mul_(math.copysign(1.0, s.sv) / nu)
+        # vt ← vt − c∘Aᵀu/(beta·sv) = −(c∘Aᵀu − beta·v)/(beta·sv)
+        scale = -1.0 / (s.beta * s.sv)
+        if prob.c is None:
+            s.vt.add_(prob.rmatvec(s.u), alpha=scale)
+        else:
+            s.vt.addcmul_(prob.rmatvec(s.u), prob.c, value=scale)
+        nv = _norm(s.vt)
+        s.alpha = abs(s.beta * s.sv) * nv
+        s.sv = -math.copysign(1.0, s.sv) / nv if nv > 0 else 1.0
+
+
+def _rotate(s: _LSMRState, damp: float) -> _Rotations:
+    """Rotation P̂_k (damping), then P_k turning B into R, then P̄_k turning Rᵀ into R̄."""
+    chat, shat, alphahat = sym_ortho(s.alphabar, damp)
+    rhoold = s.rho
+    cc, ss, s.rho = sym_ortho(alphahat, s.beta)
+    thetanew = ss * s.alpha
+    s.alphabar = cc * s.alpha
+    rhobarold = s.rhobar
+    zetaold = s.zeta
+    thetabar = s.sbar * s.rho
+    rhotemp = s.cbar * s.rho
+    s.cbar, s.sbar, s.rhobar = sym_ortho(s.cbar * s.rho, thetanew)
+    s.zeta = s.cbar * s.zetabar
+    s.zetabar = -s.sbar * s.zetabar
+    return _Rotations(chat, shat, cc, ss, rhoold, rhobarold, thetanew, thetabar, rhotemp, zetaold)
+
+
+def _update_iterate(s: _LSMRState, r: _Rotations) -> None:
+    """h̄, x and h updates, each one fused pass over a parameter-sized vector."""
+    # h̄ ← h − (θ̄ρ/(ρ_old ρ̄_old)) h̄ = sh·(ht − (θ̄ρ/(ρ_old ρ̄_old))(shb/sh) hbt)
+    torch.add(s.ht, s.hbt, alpha=-(r.thetabar * s.rho / (r.rhoold * r.rhobarold)) * s.shb / s.sh, out=s.hbt)
+    s.shb = s.sh
+    s.x.add_(s.hbt, alpha=s.zeta / (s.rho * s.rhobar) * s.shb)
+    # h ← v − (θ/ρ) h = sv·(vt − (θ/ρ)(sh/sv) ht)
+    torch.add(s.vt, s.ht, alpha=-(r.thetanew / s.rho) * s.sh / s.sv, out=s.ht)
+    s.sh = s.sv
+
+
+def _estimate_residual_norm(s: _LSMRState, r: _Rotations) -> None:
+    """‖r̄‖ estimate: rotations Q̂, Q and Q̃ applied to the right-hand side (extra rotations on β̈/β̂/τ̃).
+
+    Scalar work only; without it the compatibility test (SciPy's test1) and ``normr`` are unknown.
+    """
+    betaacute = r.chat * s.betadd
+    betacheck = -r.shat * s.betadd
+    betahat = r.cc * betaacute
+    s.betadd = -r.ss * betaacute
+    thetatildeold = s.thetatilde
+    ctildeold, stildeold, rhotildeold = sym_ortho(s.rhodold, r.thetabar)
+    s.thetatilde = stildeold * s.rhobar
+    s.rhodold = ctildeold * s.rhobar
+    s.betad = -stildeold * s.betad + ctildeold * betahat
+    s.tautildeold = (r.zetaold - thetatildeold * s.tautildeold) / rhotildeold
+    taud = (s.zeta - s.thetatilde * s.tautildeold) / s.rhodold
+    s.dsum += betacheck * betacheck
+    s.normr = math.sqrt(s.dsum + (s.betad - taud) ** 2 + s.betadd * s.betadd)
+
+
+def _estimate_operator_norms(s: _LSMRState, r: _Rotations, itn: int) -> float:
+    """‖Ā‖ (Frobenius, from the α's and β's), cond(Ā) (from the ρ̄'s) and ‖Āᵀr̄‖ = |ζ̄|.
+
+    Returns:
+        SciPy's ``test2 = ‖Āᵀr̄‖ / (‖Ā‖ ‖r̄‖)``, the test both stopping rules keep.
+    """
+    s.norma2 += s.beta * s.beta
+    s.norma = math.sqrt(s.norma2)
+    s.norma2 += s.alpha * s.alpha
+    s.maxrbar = max(s.maxrbar, r.rhobarold)
+    if itn > 1:
+        s.minrbar = min(s.minrbar, r.rhobarold)
+    s.conda = max(s.maxrbar, r.rhotemp) / min(s.minrbar, r.rhotemp)
+    s.normar = abs(s.zetabar)
+    return s.normar / (s.norma * s.normr) if s.norma * s.normr != 0 else math.inf
+
+
+class _MeritTracker:
+    """SHF's validation-merit bookkeeping (Algorithm 6): φ at geometrically spaced iterations.
+
+    Kept apart from the recurrences because the merit is the expensive part (a forward pass over
+    the validation batch): it is evaluated only at ``k = merit_first, ceil(growth·k), …``.
+    """
+
+    def __init__(
+        self,
+        merit: Callable[[Tensor], float],
+        maxiter: int,
+        ftol: float,
+        miniter: int,
+        recover: int,
+        first: int,
+        growth: float,
+        keep_best: bool,
+    ) -> None:
+        self.merit, self.maxiter, self.ftol = merit, maxiter, ftol
+        self.miniter, self.recover, self.growth, self.keep_best = miniter, recover, growth, keep_best
+        self.f_min = math.inf
+        self.k_min = 0
+        self.k_prev = 0
+        self.k_next = min(int(first), maxiter)
+        self.x_min: Tensor | None = None
+        self.history: list[tuple[int, float]] = []
+        self.f_prev = math.nan
+
+    def start(self, x: Tensor) -> None:
+        """φ(x0): the reference of the first progress test, and the best point so far."""
+        self.f_prev = float(self.merit(x))
+        self.history.append((0, self.f_prev))
+        self.f_min, self.k_min = (self.f_prev, 0) if math.isfinite(self.f_prev) else (math.inf, 0)
+        if self.keep_best:
+            self.x_min = x.clone()
+
+    def evaluate(self, itn: int, x: Tensor) -> int:
+        """φ at a scheduled iteration and the two merit stops.
+
+        Returns:
+            11 (φ not finite), 8 (``merit_ftol``), 9 (``merit_recover``) or 0 (go on; the next
+            evaluation point is then scheduled).
+        """
+        f_k = float(self.merit(x))
+        self.history.append((itn, f_k))
+        if f_k < self.f_min:
+            self.f_min, self.k_min = f_k, itn
+            if self.keep_best:
+                self.x_min = x.clone()
+        if not math.isfinite(f_k):
+            return 11
+        if (
+            itn > self.miniter
+            and f_k == self.f_min
+            and (self.f_prev - f_k) / f_k < (itn - self.k_prev) * self.ftol
+        ):
+            return 8
+        if itn > self.miniter and f_k > self.f_min and itn > self.k_min + self.recover:
+            return 9
+        self.k_next = min(math.ceil(self.growth * self.k_next), self.maxiter)
+        self.k_prev, self.f_prev = itn, f_k
+        return 0
+
+    @property
+    def best_merit(self) -> float | None:
+        """The lowest merit seen, ``None`` if none was finite."""
+        return self.f_min if math.isfinite(self.f_min) else None
+
+
+def _merit_stop_code(
+    tracker: _MeritTracker, s: _LSMRState, itn: int, test2: float, atol: float, maxiter: int
+) -> int:
+    """Stopping rule with a merit (Algorithm 6): SciPy's ``test2 <= atol``, breakdown, the merit.
+
+    ``btol`` and ``conlim`` play no part: Algorithm 6 has no such tests (docs/decisions.md).
+
+    Returns:
+        The ``istop`` code, 0 to go on.
+    """
+    if test2 <= atol:
+        return 2
+    if s.beta == 0 or s.alpha == 0:
+        return 10
+    if itn == tracker.k_next:
+        code = tracker.evaluate(itn, s.x)
+        if code:
+            return code
+    return 7 if itn >= maxiter else 0
+
+
+def _scipy_stop_code(
+    s: _LSMRState,
+    itn: int,
+    test2: float,
+    normb: float,
+    atol: float,
+    btol: float,
+    ctol: float,
+    maxiter: int,
+    show: bool,
+) -> int:
+    """SciPy's stopping rules without a merit; a later (lower-numbered) test overrides an earlier one.
+
+    Returns:
+        The ``istop`` code, 0 to go on (10 when the Krylov space is exhausted without a test
+        firing, which cannot happen in exact arithmetic and is kept as a guard).
+    """
+    normx = _norm(s.x)
+    test1 = s.normr / normb
+    test3 = 1.0 / s.conda
+    t1 = test1 / (1.0 + s.norma * normx / normb)
+    rtol = btol + atol * s.norma * normx / normb
     istop = 0
-    ctol = 1.0 / conlim if conlim > 0 else 0.0
-    normr = beta
-    normar = alpha * beta
+    if itn >= maxiter:
+        istop = 7
+    if 1 + test3 <= 1:
+        istop = 6
+    if 1 + test2 <= 1:
+        istop = 5
+    if 1 + t1 <= 1:
+        istop = 4
+    if test3 <= ctol:
+        istop = 3
+    if test2 <= atol:
+        istop = 2
+    if test1 <= rtol:
+        istop = 1
+    if show and (itn <= 10 or itn % 10 == 0 or istop):
+        print(f"{itn:6d} normr={s.normr:10.3e} normar={s.normar:10.3e} test1={test1:8.1e} test2={test2:8.1e}")
+    if istop == 0 and (s.beta == 0 or s.alpha == 0):
+        istop = 10
+    return istop
 
-    use_merit = merit is not None
-    result_extra: dict[str, Any] = {"merit_history": []}
-    if normar == 0 or normb == 0:
-        if normb == 0 and x0 is None:
-            x.zero_()
-        normx = _norm(x)
-        return LSMRResult(out(x), 0, 0, normr, normar, norma, conda, normx, STOP_REASONS[0], precond=c)
 
-    # merit bookkeeping (Algorithm 6)
-    f_min = math.inf
-    k_min = 0
-    k_prev = 0
-    k_next = min(int(merit_first), maxiter)
-    x_min: Tensor | None = None
-    history: list[tuple[int, float]] = result_extra["merit_history"]
-    f_prev = math.nan
-    if use_merit:
-        f_prev = float(merit(x))
-        history.append((0, f_prev))
-        f_min, k_min = (f_prev, 0) if math.isfinite(f_prev) else (math.inf, 0)
-        if return_best:
-            x_min = x.clone()
-    if show:
-        print(f"LSMR: {m}x{n}, damp={damp:.3e}, atol={atol:.1e}, maxiter={maxiter}")
-
-    while itn < maxiter:
-        itn += 1
-        # Golub–Kahan: beta u = A v − alpha u,  alpha v = Aᵀ u − beta v, with v = sv·vt.
-        # u ← (A vt − (alpha/sv) u) = (A v − alpha u)/sv, one fused pass (operator outputs are read,
-        # never modified, so operators may return a reused buffer)
-        torch.add(matvec(vt), u, alpha=-alpha / sv, out=u)
-        nu = _norm(u)
-        beta = abs(sv) * nu
-        if beta > 0:
-            u.mul_(math.copysign(1.0, sv) / nu)
-            # vt ← vt − c∘Aᵀu/(beta·sv) = −(c∘Aᵀu − beta·v)/(beta·sv)
-            scale = -1.0 / (beta * sv)
-            if c is None:
-                vt.add_(rmatvec(u), alpha=scale)
-            else:
-                vt.addcmul_(rmatvec(u), c, value=scale)
-            nv = _norm(vt)
-            alpha = abs(beta * sv) * nv
-            sv = -math.copysign(1.0, sv) / nv if nv > 0 else 1.0
-        # rotation P̂_k (damping), then P_k turning B into R
-        chat, shat, alphahat = sym_ortho(alphabar, damp)
-        rhoold = rho
-        cc, ss, rho = sym_ortho(alphahat, beta)
-        thetanew = ss * alpha
-        alphabar = cc * alpha
-        # rotation P̄_k turning Rᵀ into R̄
-        rhobarold = rhobar
-        zetaold = zeta
-        thetabar = sbar * rho
-        rhotemp = cbar * rho
-        cbar, sbar, rhobar = sym_ortho(cbar * rho, thetanew)
-        zeta = cbar * zetabar
-        zetabar = -sbar * zetabar
-        # h̄, x, h updates
-        # h̄ ← h − (θ̄ρ/(ρ_old ρ̄_old)) h̄ = sh·(ht − (θ̄ρ/(ρ_old ρ̄_old))(shb/sh) hbt)
-        torch.add(ht, hbt, alpha=-(thetabar * rho / (rhoold * rhobarold)) * shb / sh, out=hbt)
-        shb = sh
-        x.add_(hbt, alpha=zeta / (rho * rhobar) * shb)
-        # h ← v − (θ/ρ) h = sv·(vt − (θ/ρ)(sh/sv) ht)
-        torch.add(vt, ht, alpha=-(thetanew / rho) * sh / sv, out=ht)
-        sh = sv
-        # ‖r̄‖ estimate: rotations Q̂, Q and Q̃ applied to the right-hand side
-        betaacute = chat * betadd
-        betacheck = -shat * betadd
-        betahat = cc * betaacute
-        betadd = -ss * betaacute
-        thetatildeold = thetatilde
-        ctildeold, stildeold, rhotildeold = sym_ortho(rhodold, thetabar)
-        thetatilde = stildeold * rhobar
-        rhodold = ctildeold * rhobar
-        betad = -stildeold * betad + ctildeold * betahat
-        tautildeold = (zetaold - thetatildeold * tautildeold) / rhotildeold
-        taud = (zeta - thetatilde * tautildeold) / rhodold
-        dsum += betacheck * betacheck
-        normr = math.sqrt(dsum + (betad - taud) ** 2 + betadd * betadd)
-        # ‖Ā‖ and cond(Ā) estimates
-        norma2 += beta * beta
-        norma = math.sqrt(norma2)
-        norma2 += alpha * alpha
-        maxrbar = max(maxrbar, rhobarold)
-        if itn > 1:
-            minrbar = min(minrbar, rhobarold)
-        conda = max(maxrbar, rhotemp) / min(minrbar, rhotemp)
-        normar = abs(zetabar)
-        test2 = normar / (norma * normr) if norma * normr != 0 else math.inf
-
-        if callback is not None:
-            callback(itn, x)
-
-        if not all(math.isfinite(t) for t in (normr, normar, zeta, rho, rhobar)):
-            istop = 11
-            break
-        if use_merit:
-            if test2 <= atol:
-                istop = 2
-                break
-            if beta == 0 or alpha == 0:
-                istop = 10
-                break
-            if itn == k_next:
-                f_k = float(merit(x))
-                history.append((itn, f_k))
-                if f_k < f_min:
-                    f_min, k_min = f_k, itn
-                    if return_best:
-                        x_min = x.clone()
-                if not math.isfinite(f_k):
-                    istop = 11
-                    break
-                if itn > miniter and f_k == f_min and (f_prev - f_k) / f_k < (itn - k_prev) * ftol:
-                    istop = 8
-                    break
-                if itn > miniter and f_k > f_min and itn > k_min + recover:
-                    istop = 9
-                    break
-                k_next = min(math.ceil(merit_growth * k_next), maxiter)
-                k_prev, f_prev = itn, f_k
-            if itn >= maxiter:
-                istop = 7
-            continue
-
-        # SciPy's stopping rules
-        normx = _norm(x)
-        test1 = normr / normb
-        test3 = 1.0 / conda
-        t1 = test1 / (1.0 + norma * normx / normb)
-        rtol = btol + atol * norma * normx / normb
-        if itn >= maxiter:
-            istop = 7
-        if 1 + test3 <= 1:
-            istop = 6
-        if 1 + test2 <= 1:
-            istop = 5
-        if 1 + t1 <= 1:
-            istop = 4
-        if test3 <= ctol:
-            istop = 3
-        if test2 <= atol:
-            istop = 2
-        if test1 <= rtol:
-            istop = 1
-        if show and (itn <= 10 or itn % 10 == 0 or istop):
-            print(f"{itn:6d} normr={normr:10.3e} normar={normar:10.3e} test1={test1:8.1e} test2={test2:8.1e}")
-        if istop > 0:
-            break
-        if beta == 0 or alpha == 0:  # cannot happen without a test firing above, kept as a guard
-            istop = 10
-            break
-
-    returned_best = False
-    if use_merit and return_best and x_min is not None and k_min != itn:
-        x = x_min
-        returned_best = True
+def _finish(
+    prob: _Problem, s: _LSMRState, tracker: _MeritTracker | None, istop: int, itn: int, show: bool
+) -> LSMRResult:
+    """The result: the last iterate, or the best-merit one when ``return_best`` asked for it."""
+    x, returned_best = s.x, False
+    if tracker is not None and tracker.x_min is not None and tracker.k_min != itn:
+        x, returned_best = tracker.x_min, True
     normx = _norm(x)
     if show:
-        print(f"LSMR stop: {STOP_REASONS[istop]} itn={itn} normr={normr:.3e} normar={normar:.3e}")
+        print(f"LSMR stop: {STOP_REASONS[istop]} itn={itn} normr={s.normr:.3e} normar={s.normar:.3e}")
     return LSMRResult(
-        out(x),
+        prob.out(x),
         istop,
         itn,
-        normr,
-        normar,
-        norma,
-        conda,
+        s.normr,
+        s.normar,
+        s.norma,
+        s.conda,
         normx,
         STOP_REASONS[istop],
-        merit_history=history,
-        best_itn=k_min if use_merit else None,
-        best_merit=(f_min if math.isfinite(f_min) else None) if use_merit else None,
+        merit_history=tracker.history if tracker is not None else [],
+        best_itn=tracker.k_min if tracker is not None else None,
+        best_merit=tracker.best_merit if tracker is not None else None,
         returned_best=returned_best,
-        precond=c,
+        precond=prob.c,
     )
 
 

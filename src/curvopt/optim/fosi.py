@@ -102,6 +102,93 @@ def _flat(t: Tensor) -> Tensor:
     return t.view(-1)
 
 
+def _check_options(
+    base: Optimizer,
+    ese_batch: Any,
+    *,
+    k: int,
+    l: int,  # noqa: E741
+    alpha: float,
+    eps: float,
+    ese_period: int | None,
+    ese_warmup: int | None,
+    ese_schedule: str,
+    ese_batch_mode: str,
+    newton_momentum: str,
+    on_ese_failure: str,
+    reorth: str,
+    hvp_mode: str,
+) -> None:
+    """Reject FOSI options outside their allowed values before anything is built (see :class:`FOSI`)."""
+    if not isinstance(base, Optimizer):
+        raise TypeError(f"base must be a torch.optim.Optimizer, got {type(base).__name__}")
+    if isinstance(base, FOSI):
+        raise TypeError("FOSI cannot wrap another FOSI")
+    for name, value, allowed in (
+        ("newton_momentum", newton_momentum, NEWTON_MOMENTUM),
+        ("ese_schedule", ese_schedule, ESE_SCHEDULES),
+        ("ese_batch_mode", ese_batch_mode, ESE_BATCH_MODES),
+        ("on_ese_failure", on_ese_failure, FAILURE_MODES),
+        ("reorth", reorth, REORTH_MODES),
+        ("hvp_mode", hvp_mode, HVP_MODES),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if k < 0 or l < 0 or k + l == 0:
+        raise ValueError(f"need k ≥ 0, ℓ ≥ 0 and k + ℓ ≥ 1, got k={k}, ℓ={l}")
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a finite non-negative number, got {alpha}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps (the floor on |λ̂|) must be a finite positive number, got {eps}")
+    if ese_period is not None and (
+        isinstance(ese_period, bool) or int(ese_period) != ese_period or ese_period <= 0
+    ):
+        raise ValueError(
+            f"ese_period must be a positive number of steps (or None for a single ESE), got {ese_period}"
+        )
+    if ese_warmup is not None and ese_warmup < 0:
+        raise ValueError(f"ese_warmup must be >= 0 steps (or None: = ese_period), got {ese_warmup}")
+    for group in base.param_groups:
+        lr = group.get("lr")
+        if isinstance(lr, float | int) and not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"the base optimizer's lr must be a finite non-negative number, got {lr}")
+    if ese_schedule == "released" and ese_period is None:
+        raise ValueError("ese_schedule='released' needs a finite ese_period")
+    if ese_batch_mode == "fixed" and ese_batch is None:
+        raise ValueError("ese_batch_mode='fixed' needs an ese_batch")
+
+
+def _resolve_lr_clip(base: Optimizer, lr_clip: float | None) -> float:
+    """c, the cap of ``s = clip(|λ̂₁|/|λ̂_k|, 1, c)``: 3 by default, and 1 for Adam/AdamW.
+
+    Adam's learning rate is never scaled (c = 1, as in the paper); another cap given for
+    Adam/AdamW is overridden, with a warning.
+    """
+    is_adam = isinstance(base, _ADAM_FAMILY)
+    if lr_clip is None:
+        lr_clip = 1.0 if is_adam else 3.0
+    if not lr_clip >= 1.0:  # NaN fails too
+        raise ValueError(f"lr_clip (c) must be ≥ 1, got {lr_clip}")
+    if is_adam and lr_clip != 1.0:
+        log.warning(
+            "FOSI: lr_clip=%s ignored for %s: Adam's learning rate is never scaled (c = 1)",
+            lr_clip,
+            type(base).__name__,
+        )
+        lr_clip = 1.0
+    return float(lr_clip)
+
+
+def _warn_if_weight_decay(base: Optimizer) -> None:
+    """Coupled weight decay in the base changes the function optimised, which the ESE never sees."""
+    if any(float(g.get("weight_decay", 0.0) or 0.0) != 0.0 for g in base.param_groups):
+        log.warning(
+            "FOSI: the base optimizer has weight_decay; put weight decay into the loss "
+            "instead, or the ESE sees a different function than the one optimised "
+            "(docs/decisions.md FOSI-S)"
+        )
+
+
 class FOSI(Optimizer):
     """FOSI around ``base`` (any ``torch.optim.Optimizer`` already built on the parameters).
 
@@ -229,43 +316,22 @@ class FOSI(Optimizer):
         debug: bool = False,
         fast_path: bool = True,
     ) -> None:
-        if not isinstance(base, Optimizer):
-            raise TypeError(f"base must be a torch.optim.Optimizer, got {type(base).__name__}")
-        if isinstance(base, FOSI):
-            raise TypeError("FOSI cannot wrap another FOSI")
-        for name, value, allowed in (
-            ("newton_momentum", newton_momentum, NEWTON_MOMENTUM),
-            ("ese_schedule", ese_schedule, ESE_SCHEDULES),
-            ("ese_batch_mode", ese_batch_mode, ESE_BATCH_MODES),
-            ("on_ese_failure", on_ese_failure, FAILURE_MODES),
-            ("reorth", reorth, REORTH_MODES),
-            ("hvp_mode", hvp_mode, HVP_MODES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        if k < 0 or l < 0 or k + l == 0:
-            raise ValueError(f"need k ≥ 0, ℓ ≥ 0 and k + ℓ ≥ 1, got k={k}, ℓ={l}")
-        if not (math.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be a finite non-negative number, got {alpha}")
-        if not (math.isfinite(eps) and eps > 0):
-            raise ValueError(f"eps (the floor on |λ̂|) must be a finite positive number, got {eps}")
-        if ese_period is not None and (
-            isinstance(ese_period, bool) or int(ese_period) != ese_period or ese_period <= 0
-        ):
-            raise ValueError(
-                f"ese_period must be a positive number of steps (or None for a single ESE), got {ese_period}"
-            )
-        if ese_warmup is not None and ese_warmup < 0:
-            raise ValueError(f"ese_warmup must be >= 0 steps (or None: = ese_period), got {ese_warmup}")
-        for group in base.param_groups:
-            lr = group.get("lr")
-            if isinstance(lr, float | int) and not (math.isfinite(lr) and lr >= 0):
-                raise ValueError(f"the base optimizer's lr must be a finite non-negative number, got {lr}")
-        if ese_schedule == "released" and ese_period is None:
-            raise ValueError("ese_schedule='released' needs a finite ese_period")
-        if ese_batch_mode == "fixed" and ese_batch is None:
-            raise ValueError("ese_batch_mode='fixed' needs an ese_batch")
-
+        _check_options(
+            base,
+            ese_batch,
+            k=k,
+            l=l,
+            alpha=alpha,
+            eps=eps,
+            ese_period=ese_period,
+            ese_warmup=ese_warmup,
+            ese_schedule=ese_schedule,
+            ese_batch_mode=ese_batch_mode,
+            newton_momentum=newton_momentum,
+            on_ese_failure=on_ese_failure,
+            reorth=reorth,
+            hvp_mode=hvp_mode,
+        )
         self._initialising = True
         self.base = base
         super().__init__(base.param_groups, {})
@@ -286,32 +352,9 @@ class FOSI(Optimizer):
         self.model = model
         self._hvp_model = hvp_module(model) if model is not None else None
 
-        is_adam = isinstance(base, _ADAM_FAMILY)
-        if lr_clip is None:
-            lr_clip = 1.0 if is_adam else 3.0
-        if not lr_clip >= 1.0:  # NaN fails too
-            raise ValueError(f"lr_clip (c) must be ≥ 1, got {lr_clip}")
-        if is_adam and lr_clip != 1.0:
-            log.warning(
-                "FOSI: lr_clip=%s ignored for %s: Adam's learning rate is never scaled (c = 1)",
-                lr_clip,
-                type(base).__name__,
-            )
-            lr_clip = 1.0
-        self.lr_clip = float(lr_clip)
-        self.newton_momentum, self.newton_beta = self._resolve_momentum(newton_momentum, newton_beta)
-        group0 = base.param_groups[0]
-        self._mom_ag, self._mom_av = _momentum_coefficients(
-            self.newton_momentum,
-            self.newton_beta,
-            float(group0.get("dampening", 0.0)) if self.newton_momentum == "heavy_ball" else 0.0,
-        )
-        if any(float(g.get("weight_decay", 0.0) or 0.0) != 0.0 for g in base.param_groups):
-            log.warning(
-                "FOSI: the base optimizer has weight_decay; put weight decay into the loss "
-                "instead, or the ESE sees a different function than the one optimised "
-                "(docs/decisions.md FOSI-S)"
-            )
+        self.lr_clip = _resolve_lr_clip(base, lr_clip)
+        self._set_newton_momentum(newton_momentum, newton_beta)
+        _warn_if_weight_decay(base)
 
         self._generator = torch.Generator(device="cpu").manual_seed(self.seed) if self.fresh_start else None
         self._forward_mode_checked = False
@@ -324,6 +367,20 @@ class FOSI(Optimizer):
         self._reset_basis_state()
 
     # -- setup -------------------------------------------------------------------------------------
+    def _set_newton_momentum(self, form: str, beta: float | None) -> None:
+        """The Newton velocity's form and β, and the coefficients of its update v̄ ← a_g·g₁ + a_v·v̄.
+
+        Only the coefficients enter the step: between two ESEs the velocity is kept as V̂
+        coefficients (module docstring), so its update must be linear with fixed (a_g, a_v).
+        """
+        self.newton_momentum, self.newton_beta = self._resolve_momentum(form, beta)
+        group0 = self.base.param_groups[0]
+        self._mom_ag, self._mom_av = _momentum_coefficients(
+            self.newton_momentum,
+            self.newton_beta,
+            float(group0.get("dampening", 0.0)) if self.newton_momentum == "heavy_ball" else 0.0,
+        )
+
     def _resolve_momentum(self, form: str, beta: float | None) -> tuple[str, float]:
         group = self.base.param_groups[0]
         if form == "auto":
@@ -707,41 +764,57 @@ class FOSI(Optimizer):
                 "FOSI does not support sparse gradients (V̂g and the projections are dense); nothing "
                 "was changed"
             )
-        ese_ran = ese_failed = 0
-        ese_time = 0.0
-        lanczos_iters = 0
-        if self.ese_due():
-            if not self._forward_mode_checked and self.hvp_mode == "forward_over_reverse":
-                self._check_forward_mode(self.ese_batch if self.ese_batch_mode == "fixed" else batch)
-            t0 = time.perf_counter()
-            result = self.run_ese(batch)
-            ese_time = time.perf_counter() - t0
-            ese_ran, ese_failed = 1, int(result is None)
-            lanczos_iters = result.iterations if result is not None else 0
+        ese = self._ese_if_due(batch)
         if self.V is None:
             self.base.step()
         else:
             self._fosi_update()
         self.t += 1
+        self.last_info = self._step_info(ese, loss)
+        return loss
+
+    def _ese_if_due(self, batch: Any) -> dict[str, Any]:
+        """The ESE before this step's update, when the schedule (Algorithm 2) has one due.
+
+        The one-time forward-mode probe runs first and is left out of the ESE's time.
+
+        Returns:
+            ``ese_ran``, ``ese_failed``, ``ese_time_s`` and, when an ESE ran, ``lanczos_iters``.
+        """
+        if not self.ese_due():
+            return {"ese_ran": 0, "ese_failed": 0, "ese_time_s": 0.0}
+        if not self._forward_mode_checked and self.hvp_mode == "forward_over_reverse":
+            self._check_forward_mode(self.ese_batch if self.ese_batch_mode == "fixed" else batch)
+        t0 = time.perf_counter()
+        result = self.run_ese(batch)
+        ese_time = time.perf_counter() - t0
+        return {
+            "ese_ran": 1,
+            "ese_failed": int(result is None),
+            "ese_time_s": ese_time,
+            "lanczos_iters": result.iterations if result is not None else 0,
+        }
+
+    def _step_info(self, ese: dict[str, Any], loss: Tensor | None) -> dict[str, Any]:
+        """The scalars :attr:`last_info` describes (see :meth:`step`), after the update."""
         info: dict[str, Any] = {
             "lr": float(self.param_groups[0]["lr"]),
             "lr_scale": self.scale,
-            "ese_ran": ese_ran,
-            "ese_failed": ese_failed,
-            "ese_time_s": ese_time,
+            "ese_ran": ese["ese_ran"],
+            "ese_failed": ese["ese_failed"],
+            "ese_time_s": ese["ese_time_s"],
             "ese_count": self.ese_count,
             "fosi_active": int(self.V is not None),
         }
-        if ese_ran:
-            info["lanczos_iters"] = lanczos_iters
+        if ese["ese_ran"]:
+            info["lanczos_iters"] = ese["lanczos_iters"]
         if self.eigenvalues is not None:
             info["lambda_max"] = float(self.eigenvalues[-1]) if self.k > 0 else float("nan")
             info["lambda_k"] = float(self.eigenvalues[self.l]) if self.k > 0 else float("nan")
             info["lambda_min"] = float(self.lambda_min)
         if loss is not None:
             info["loss"] = float(loss)
-        self.last_info = info
-        return loss
+        return info
 
     def _fosi_update(self) -> None:
         params, blocks = self._params, self._blocks

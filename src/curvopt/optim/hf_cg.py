@@ -34,7 +34,8 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -248,6 +249,17 @@ def gradient_moments(
     return loss_sum, gsum_flat, gsq_flat
 
 
+def _case_order(num_train: int, shuffle: bool, seed: int) -> Tensor:
+    """The training cases' order, fixed for the whole run: chunk c is a contiguous slice of it.
+
+    Martens permutes once (with its own seeded generator, so the run's global RNG is untouched)
+    and then cycles through the same ``numchunks`` curvature chunks in order ("hybrid mode").
+    """
+    if shuffle:
+        return torch.randperm(num_train, generator=torch.Generator().manual_seed(int(seed)))
+    return torch.arange(num_train)
+
+
 class HFCG:
     """Martens' Hessian-free optimiser with CG (an ``Algorithm``; see the module docstring).
 
@@ -365,13 +377,7 @@ class HFCG:
             eval_chunk=int(eval_chunk),
             curvature_products=curvature_products,
         )
-        # the training cases are permuted once; chunk c is a fixed contiguous slice of that order
-        device = self.x_train.device
-        if shuffle:
-            perm = torch.randperm(self.num_train, generator=torch.Generator().manual_seed(int(seed)))
-        else:
-            perm = torch.arange(self.num_train)
-        self.perm = perm.to(device)
+        self.perm = _case_order(self.num_train, shuffle, seed).to(self.x_train.device)
         # -- state (all in state_dict) --------------------------------------------------------------
         self.lam = float(initlambda)
         self.chunk_index = 0
@@ -487,7 +493,7 @@ class HFCG:
         return gv
 
     # -- one outer iteration -----------------------------------------------------------------------------
-    def step(self, batch: Batch) -> dict[str, Any]:  # noqa: C901 - Martens' outer iteration, in order
+    def step(self, batch: Batch) -> dict[str, Any]:
         """One outer iteration (module docstring, steps 1–6); the model holds the new weights after.
 
         Args:
@@ -500,37 +506,85 @@ class HFCG:
         """
         del batch  # HF-CG works on data.train: full-set gradient, its own curvature chunks
         cfg = self.cfg
-        wc = cfg["weight_cost"]
         params = self.objective.params()
-        w_flat = flatten(params)
         mask = weight_mask(params)
-        x_tr, y_tr = self.x_train, self.y_train
         timers: dict[str, float] = {}
-
-        # 1. full-set gradient and empirical-Fisher diagonal
-        t = time.perf_counter()
-        want_sq = cfg["preconditioner"] == "empirical_fisher"
-        loss_sum, gsum, gsq = gradient_moments(
-            self.objective, params, x_tr, y_tr, chunk=cfg["eval_chunk"], want_sq=want_sq
-        )
-        n_train = self.num_train
-        f0_data = loss_sum / n_train
-        f0 = f0_data + self._weight_cost_term(w_flat, mask)
-        g = gsum.div_(n_train).add_(w_flat * mask, alpha=wc)
-        timers["grad_time"] = time.perf_counter() - t
-
-        # 2. preconditioner (diag EF + λ + wc·mask)^0.75, with the λ of this iteration
-        precond = None
-        if gsq is not None:
-            precond = (gsq.div_(n_train) + self.lam + wc * mask).pow_(cfg["precon_exponent"])
-
-        # 3. Martens CG on the damped GN of the current chunk
-        t = time.perf_counter()
-        chunk = self.chunk_index
+        with _timed(timers, "grad_time"):
+            f0_data, f0, g, gsq = self._full_gradient(params, mask)  # step 1
+        precond = self._preconditioner(gsq, mask)  # step 2, with the λ of this iteration
+        lam, chunk = self.lam, self.chunk_index
         idx = self._chunk_indices(chunk)
-        xc, yc = x_tr[idx], y_tr[idx]
-        gv = self._ggn_operator(params, xc, yc)
-        lam = self.lam
+        with _timed(timers, "cg_time"):
+            xc, yc = self.x_train[idx], self.y_train[idx]
+            gv = self._ggn_operator(params, xc, yc)
+            res = self._solve(gv, g, precond, mask, lam)  # step 3
+        with _timed(timers, "backtrack_time"):
+            pos, f_best, evals = self._backtrack(params, res.stored, mask)  # step 4
+        p = res.stored[pos][1]
+        with _timed(timers, "rho_time"):
+            rho, gp = self._reduction_ratio(params, g, p, gv, mask, xc, yc)  # step 5
+            self.lam = update_damping(lam, rho, cfg["boost"], cfg["drop"], cfg["rho_low"], cfg["rho_high"])
+        with _timed(timers, "line_search_time"):
+            rate, reductions, accepted, f_after = self._line_search(params, p, mask, f0, f_best, gp)  # step 6
+
+        self.iteration += 1
+        self.chunk_index = (chunk + 1) % cfg["numchunks"]
+        return {
+            "loss": f0_data,
+            "objective": f0,
+            "objective_after": f_after,
+            "grad_norm": float(torch.linalg.vector_norm(g)),
+            "damping": lam,
+            "damping_next": self.lam,
+            "inner_iters": res.iterations,
+            "inner_stop": res.stop_reason,
+            "cg_phi": res.phi[-1] if res.phi else math.nan,
+            "cg_backtrack_index": res.stored[pos][0],
+            "cg_backtrack_steps": len(res.stored) - 1 - pos,
+            "full_evals": evals + reductions,
+            "step_length": rate,
+            "ls_reductions": reductions,
+            "accepted": int(accepted),
+            "rho": rho,
+            "chunk_index": chunk,
+            "chunk_size": int(idx.numel()),
+            **timers,
+        }
+
+    # -- the phases of :meth:`step` (module docstring, steps 1–6) ----------------------------------------
+    def _full_gradient(self, params: Params, mask: Tensor) -> tuple[float, float, Tensor, Tensor | None]:
+        """Step 1: gradient of F on the full training set and, in the same passes, the EF diagonal.
+
+        Returns:
+            ``(mean data loss, F(w), g, Σ_i (∇l_i)² or None)``; the squared sums only for the
+            empirical-Fisher preconditioner (they cost a second reduction per layer).
+        """
+        w_flat = flatten(params)
+        want_sq = self.cfg["preconditioner"] == "empirical_fisher"
+        loss_sum, gsum, gsq = gradient_moments(
+            self.objective, params, self.x_train, self.y_train, chunk=self.cfg["eval_chunk"], want_sq=want_sq
+        )
+        f0_data = loss_sum / self.num_train
+        f0 = f0_data + self._weight_cost_term(w_flat, mask)
+        g = gsum.div_(self.num_train).add_(w_flat * mask, alpha=self.cfg["weight_cost"])
+        return f0_data, f0, g, gsq
+
+    def _preconditioner(self, gsq: Tensor | None, mask: Tensor) -> Tensor | None:
+        """Step 2: Martens' ``M = (diag EF + λ + wc·mask)^0.75`` (``None`` without the EF sums)."""
+        if gsq is None:
+            return None
+        cfg = self.cfg
+        return (gsq.div_(self.num_train) + self.lam + cfg["weight_cost"] * mask).pow_(cfg["precon_exponent"])
+
+    def _solve(
+        self, gv: Callable[[Tensor], Tensor], g: Tensor, precond: Tensor | None, mask: Tensor, lam: float
+    ) -> MartensCGResult:
+        """Step 3: Martens' CG on ``(G_c + wc·mask + λI) p = −g``, warm-started from the last solve.
+
+        The final iterate (undecayed) is kept for the next warm start, unless it is not finite.
+        """
+        cfg = self.cfg
+        wc = cfg["weight_cost"]
 
         def damped(v: Tensor) -> Tensor:
             return gv(v).add_(v * mask, alpha=wc).add_(v, alpha=lam)
@@ -549,26 +603,49 @@ class HFCG:
         )
         finite = bool(torch.isfinite(res.x).all())
         self.prev_solution = res.x.detach().clone() if finite else None
-        timers["cg_time"] = time.perf_counter() - t
+        return res
 
-        # 4. CG-backtracking over the stored iterates on the full training set
-        t = time.perf_counter()
-        stored = res.stored
+    def _backtrack(
+        self, params: Params, stored: list[tuple[int, Tensor]], mask: Tensor
+    ) -> tuple[int, float, int]:
+        """Step 4: CG-backtracking over the stored iterates, on the full training set.
+
+        Walks from the last stored iterate back while F keeps decreasing (Martens: later CG
+        iterates fit the curvature chunk better but may overfit it).
+
+        Returns:
+            ``(index into stored, F there, full-set evaluations spent)``.
+        """
+        x_tr, y_tr = self.x_train, self.y_train
         pos = len(stored) - 1
         f_best = self._objective_value(self._trial(params, stored[pos][1]), mask, x_tr, y_tr)
         evals = 1
-        if cfg["cg_backtracking"]:
+        if self.cfg["cg_backtracking"]:
             for j in range(len(stored) - 2, -1, -1):
                 f_j = self._objective_value(self._trial(params, stored[j][1]), mask, x_tr, y_tr)
                 evals += 1
                 if f_j > f_best:
                     break
                 f_best, pos = f_j, j
-        p = stored[pos][1]
-        timers["backtrack_time"] = time.perf_counter() - t
+        return pos, f_best, evals
 
-        # 5. ρ on the curvature chunk with the undamped model; LM damping update
-        t = time.perf_counter()
+    def _reduction_ratio(
+        self,
+        params: Params,
+        g: Tensor,
+        p: Tensor,
+        gv: Callable[[Tensor], Tensor],
+        mask: Tensor,
+        xc: Tensor,
+        yc: Tensor,
+    ) -> tuple[float, float]:
+        """Step 5: ρ on the curvature chunk with the undamped model ``gᵀp + ½pᵀ(G_c + wc·mask)p``.
+
+        Returns:
+            ``(ρ, gᵀp)``: ρ is −∞ when the chunk objective went up and NaN when the model
+            predicts no decrease (both boost λ); ``gᵀp`` is the line search's slope.
+        """
+        wc = self.cfg["weight_cost"]
         gp = float(torch.dot(g.double(), p.double()))
         pgp = float(torch.dot(p.double(), (gv(p) + wc * mask * p).double()))
         denom = gp + 0.5 * pgp
@@ -580,11 +657,20 @@ class HFCG:
             rho = (fc1 - fc0) / denom
         else:
             rho = math.nan  # model predicts no decrease: treated like Martens' NaN (λ boosted)
-        self.lam = update_damping(lam, rho, cfg["boost"], cfg["drop"], cfg["rho_low"], cfg["rho_high"])
-        timers["rho_time"] = time.perf_counter() - t
+        return rho, gp
 
-        # 6. Armijo line search on the full training set (starts from the backtracking value)
-        t = time.perf_counter()
+    def _line_search(
+        self, params: Params, p: Tensor, mask: Tensor, f0: float, f_best: float, gp: float
+    ) -> tuple[float, int, bool, float]:
+        """Step 6: Armijo line search on the full training set; sets the new weights if accepted.
+
+        Starts from the backtracking value (rate 1 was evaluated there), so an accepted first
+        trial costs no extra pass.
+
+        Returns:
+            ``(rate, reductions, accepted, F after the step)``; rate 0 and F(w) when rejected.
+        """
+        cfg = self.cfg
         rate, reductions, accepted = 1.0, 0, False
         f_rate = f_best
         if not cfg["line_search"]:
@@ -598,38 +684,22 @@ class HFCG:
                     break
                 rate *= cfg["ls_factor"]
                 reductions += 1
-                f_rate = self._objective_value(self._trial(params, p, rate), mask, x_tr, y_tr)
+                f_rate = self._objective_value(self._trial(params, p, rate), mask, self.x_train, self.y_train)
         if accepted:
             self.objective.set_params(self._trial(params, p, rate))
             f_after = f_rate
         else:
             rate, f_after = 0.0, f0
             log.info("HF-CG iteration %d: line search failed; step rejected", self.iteration + 1)
-        timers["line_search_time"] = time.perf_counter() - t
+        return rate, reductions, accepted, f_after
 
-        self.iteration += 1
-        self.chunk_index = (chunk + 1) % cfg["numchunks"]
-        return {
-            "loss": f0_data,
-            "objective": f0,
-            "objective_after": f_after,
-            "grad_norm": float(torch.linalg.vector_norm(g)),
-            "damping": lam,
-            "damping_next": self.lam,
-            "inner_iters": res.iterations,
-            "inner_stop": res.stop_reason,
-            "cg_phi": res.phi[-1] if res.phi else math.nan,
-            "cg_backtrack_index": stored[pos][0],
-            "cg_backtrack_steps": len(stored) - 1 - pos,
-            "full_evals": evals + reductions,
-            "step_length": rate,
-            "ls_reductions": reductions,
-            "accepted": int(accepted),
-            "rho": rho,
-            "chunk_index": chunk,
-            "chunk_size": int(idx.numel()),
-            **timers,
-        }
+
+@contextmanager
+def _timed(timers: dict[str, float], key: str) -> Iterator[None]:
+    """Record the wall time of the block under ``timers[key]`` (logged per phase of :meth:`HFCG.step`)."""
+    t = time.perf_counter()
+    yield
+    timers[key] = time.perf_counter() - t
 
 
 def build_hf_cg(objective: Objective, data: DataBundle, **cfg: Any) -> HFCG:

@@ -56,6 +56,7 @@ READING_KEYS = (
     "cfg.model.sparse_init_std",
     "cfg.trainer.dtype",
     "cfg.trainer.max_steps",  # a truncated probe reads as its own row
+    "cfg.trainer.patience_evals",  # HF-CG stopped by SHF's patience rule instead of 500 iterations
 )
 PROBE_STEP = 150  # every reading's test f is also compared at this outer iteration (truncated probes)
 # The paper's SHF train f at its reported iterate (Table 2), the "equal training error" level.

@@ -115,6 +115,8 @@ def test_collect_and_table_from_records(tmp_path: Path) -> None:
     assert d["test_f_equal_train"] == pytest.approx(2.05)  # first iterate with train f <= 0.999
     assert d["vs_hf_cg"] == pytest.approx(2.05 / 1.8) and d["vs_paper"] == pytest.approx(2.05 / 1.947 - 1)
     assert d["gradual"] == "0/2" and d["share_before_peak"] == pytest.approx(2 / 8)
+    # an HF-CG row is compared with the paper's HF-CG test f (1.961), not SHF's (1.947)
+    assert table.loc[("hf_cg", "default")]["vs_paper"] == pytest.approx(1.8 / 1.961 - 1)
     s = table.loc[("shf_lsmr", "variance_gradients=summand")]
     assert s["gradual"] == "1/1" and s["peak_batch"] == 440 and np.isnan(s["test_f_equal_train"])
     md = readings.to_markdown(readings.readings_table(runs, "usps"), "usps", "paper")

@@ -23,7 +23,7 @@ from curvopt.errors import (
     CorruptDataError,
 )
 from curvopt.training.build import run_from_config
-from curvopt.training.loop import CHECKSUM_NAME, file_sha256
+from curvopt.training.checkpoint import CHECKSUM_NAME, file_sha256
 from curvopt.training.records import read_metrics
 from curvopt.training.rundir import MAX_NAME_BYTES, CommandLine
 

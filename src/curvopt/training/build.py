@@ -1,4 +1,17 @@
-"""From a composed Hydra config to a finished run: data, model, objective, algorithm, loop.
+"""From a composed Hydra config to a finished run, one way through.
+
+:func:`run_from_config` takes four steps, each once:
+
+1. check: the whole config is checked and resolved (:class:`~curvopt.training.schema.RunSettings`,
+   with the trainer settings as a :class:`~curvopt.training.schema.TrainerConfig`) before anything
+   is loaded or created; a bad value is a :class:`~curvopt.errors.ConfigError` naming it;
+2. the run directory: what this command may do with it (:func:`~curvopt.training.rundir.check_run_dir`);
+   a resumed run continues with its saved config, checked the same way
+   (:func:`~curvopt.training.rundir.plan_resume`);
+3. the parts, from the checked values: data -> model -> objective -> algorithm
+   (:func:`build_parts`), then wrapped for data parallelism (:func:`~curvopt.training.distributed.distribute`);
+   a part that cannot be built stops the run before anything is written;
+4. the loop (:class:`~curvopt.training.loop.Trainer`), which reads the checked trainer settings.
 
 Kept apart from ``src/train.py`` so tests and drivers can run a config without the CLI.
 """
@@ -8,12 +21,11 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import math
 import os
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +34,7 @@ import torch
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from curvopt.errors import BadInputError, ConfigError, CorruptCheckpointError, CorruptDataError, exit_code
+from curvopt.errors import BadInputError, ConfigError, CorruptDataError, exit_code
 from curvopt.objective import Objective, mean_loss
 from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
 from curvopt.training.distributed import (
@@ -31,32 +43,28 @@ from curvopt.training.distributed import (
     broadcast_object,
     cleanup,
     device_for,
+    distribute,
     env_world_size,
     init_distributed,
-    wrap_ddp,
 )
-from curvopt.training.loop import CHECKPOINT_NAME, LoopConfig, Trainer, as_bool, verify_checkpoint
+from curvopt.training.loop import Trainer
 from curvopt.training.records import RunLock, atomic_write_text, environment_info, git_commit
 from curvopt.training.rundir import (
     CommandLine,
-    _flatten,
+    ResumePlan,
     check_name,
     check_run_dir,
-    config_edits,
-    load_saved_config,
     move_records_aside,
-    resume_config,
+    plan_resume,
     save_command_line,
 )
-from curvopt.training.schema import trainer_default
+from curvopt.training.schema import DTYPES, RunSettings, TrainerConfig
 from curvopt.training.tracking import make_tracker
 
 log = logging.getLogger(__name__)
 
 # Keys of an optimizer config that describe the run, not the constructor.
 RESERVED_OPTIMIZER_KEYS = ("name", "grad_clip_value", "scheduler")
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-MAX_SEED = 2**32 - 1  # NumPy's seed range
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
@@ -95,8 +103,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _to_container(cfg: DictConfig | dict) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+def _to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A config node as a fresh plain dict (resolved); a plain mapping is copied."""
+    if isinstance(cfg, DictConfig):
+        out = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(out, dict)
+        return out
+    return copy.deepcopy(dict(cfg))
 
 
 def call_target(spec: dict[str, Any], **extra: Any) -> Any:
@@ -124,11 +137,12 @@ def call_target(spec: dict[str, Any], **extra: Any) -> Any:
     return get_method(target)(**spec, **extra)
 
 
-def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> DataBundle:
+def build_data(cfg: DictConfig | Mapping[str, Any], dtype: torch.dtype, device: torch.device) -> DataBundle:
     """Load the ``dataset`` config's splits and move them to the run's device.
 
     Args:
-        cfg: The run config (its ``dataset`` node names the loader in ``_target_``).
+        cfg: The run config, or its resolved form (:attr:`RunSettings.config`): its ``dataset``
+            entry names the loader in ``_target_``.
         dtype: Floating-point tensors (inputs, and regression targets) are cast to it; integer labels
             keep their dtype.
         device: Where the splits go.
@@ -139,8 +153,8 @@ def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> Dat
     Raises:
         TypeError: The loader did not return a ``DataBundle``.
     """
-    data_cfg = _to_container(cfg.dataset)
-    data_cfg.pop("name", None)
+    data_cfg = _to_container(cfg["dataset"])
+    name = data_cfg.pop("name", None)
     data = call_target(data_cfg)
     if not isinstance(data, DataBundle):
         raise TypeError(f"dataset target must return a DataBundle, got {type(data).__name__}")
@@ -154,7 +168,7 @@ def build_data(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> Dat
         return x, y
 
     data.train, data.val, data.test = move(data.train), move(data.val), move(data.test)
-    check_data(data, str(cfg.dataset.get("name")))
+    check_data(data, str(name))
     return data
 
 
@@ -274,11 +288,14 @@ def check_model_fits_data(objective: Objective, data: DataBundle, model_target: 
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tuple[torch.nn.Module, str]:
+def build_model(
+    cfg: DictConfig | Mapping[str, Any], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.nn.Module, str]:
     """Build the ``model`` config's network.
 
     Args:
-        cfg: The run config (its ``model`` node: ``_target_``, the builder's arguments and ``loss``).
+        cfg: The run config, or its resolved form (:attr:`RunSettings.config`): its ``model``
+            entry holds ``_target_``, the builder's arguments and ``loss``.
         dtype: Parameter dtype.
         device: Parameter device.
 
@@ -288,7 +305,7 @@ def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tu
     Raises:
         ValueError: The model config has no ``loss`` key.
     """
-    model_cfg = _to_container(cfg.model)
+    model_cfg = _to_container(cfg["model"])
     loss = model_cfg.pop("loss", None)
     if loss is None:
         raise ValueError("model config needs a `loss:` key (squared_error | cross_entropy | sigmoid_bce)")
@@ -296,46 +313,11 @@ def build_model(cfg: DictConfig, dtype: torch.dtype, device: torch.device) -> tu
     return model.to(device=device, dtype=dtype), loss
 
 
-def check_optimizer_values(opt_cfg: DictConfig | dict) -> None:
-    """Check that no optimizer value is NaN and that learning rates are finite and non-negative.
-
-    Learning rates are the keys ``lr``, ``base_lr``, ``adam_lr``, ``max_lr`` and ``min_lr`` at any
-    depth; the optimizers check their own ranges when they are built.
-
-    Args:
-        opt_cfg: The ``optimizer`` config.
-
-    Raises:
-        ConfigError: Naming the offending key and value.
-    """
-    values = _to_container(opt_cfg)
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, f"{key}.{k}")
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(v, f"{key}[{i}]")
-        elif isinstance(value, float) and math.isnan(value):
-            raise ConfigError(f"{key}=nan: not a number; give a value")
-        elif (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and key.rsplit(".", 1)[-1] in ("lr", "base_lr", "adam_lr", "max_lr", "min_lr")
-            and not (math.isfinite(value) and value >= 0)
-        ):
-            raise ConfigError(f"{key}={value}: must be a finite non-negative number")
-
-    walk(values, "optimizer")
-
-
 def build_algorithm(
-    opt_cfg: DictConfig | dict,
+    opt_cfg: DictConfig | Mapping[str, Any],
     objective: Objective,
     data: DataBundle,
     micro_batch_size: int | None = None,
-    train_model: torch.nn.Module | None = None,
 ) -> Algorithm:
     """Instantiate ``optimizer._target_`` as an :class:`~curvopt.api.Algorithm`.
 
@@ -351,7 +333,6 @@ def build_algorithm(
         objective: The model and its loss.
         data: The run's data (factories may read it, e.g. HF-CG's full training set).
         micro_batch_size: Gradient accumulation in micro-batches of this size (wrapped optimizers).
-        train_model: The DDP-wrapped model, when distributed (wrapped optimizers only).
 
     Returns:
         The algorithm the loop steps with ``step(batch)``.
@@ -359,7 +340,6 @@ def build_algorithm(
     Raises:
         ValueError: No ``_target_``, or a factory's ``Algorithm`` given ``scheduler`` or
             ``grad_clip_value`` (it clips and schedules itself).
-        NotImplementedError: A factory's own ``Algorithm`` under DistributedDataParallel.
         TypeError: The target returned something without ``step``.
     """
     kwargs = _to_container(opt_cfg)
@@ -381,7 +361,6 @@ def build_algorithm(
             grad_clip_value=clip,
             scheduler=scheduler,
             micro_batch_size=micro_batch_size,
-            train_model=train_model,
         )
 
     if inspect.isclass(target) and issubclass(target, torch.optim.Optimizer):
@@ -391,11 +370,6 @@ def build_algorithm(
     algorithm = target(objective=objective, data=data, **kwargs)
     if isinstance(algorithm, torch.optim.Optimizer):
         return wrap(algorithm)
-    if train_model is not None and train_model is not objective.model:
-        raise NotImplementedError(
-            f"{target_name} returns its own Algorithm, which cannot run under DistributedDataParallel; "
-            "run it in one process, or have the factory return a torch.optim.Optimizer"
-        )
     if scheduler_cfg:
         raise ValueError(f"{target_name} returns its own Algorithm; it cannot take a `scheduler:` key")
     if clip is not None:
@@ -408,115 +382,25 @@ def build_algorithm(
     return algorithm
 
 
-def make_run_id(cfg: DictConfig, dist: DistInfo = SINGLE) -> str:
+def make_run_id(settings: RunSettings, dist: DistInfo = SINGLE) -> str:
     """The run directory's name: ``run_id`` when set, else ``<optimizer>_s<seed>_<time>_<random>``.
 
     Args:
-        cfg: The run config.
+        settings: The checked run config.
         dist: Distributed context; rank 0's generated id is broadcast to every rank.
 
     Returns:
         The run id.
     """
-    if cfg.get("run_id"):
-        return str(cfg.run_id)
+    if settings.run_id:
+        return settings.run_id
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return broadcast_object(f"{cfg.optimizer.name}_s{cfg.seed}_{stamp}_{uuid.uuid4().hex[:6]}", dist)
-
-
-def check_no_legacy_variants(cfg: DictConfig) -> None:
-    """Refuse an ``optimizer_variants`` block in a freshly composed config.
-
-    Per-optimizer settings of an experiment used to live in an ``optimizer_variants`` block merged
-    after Hydra; they are now Hydra configs of their own, ``conf/per_optimizer/<experiment>/<optimizer>.yaml``,
-    composed by the defaults list, so the block would be silently ignored. Configs saved by runs made
-    before the change carry the block already merged (``_variant_applied: true``) and pass.
-
-    Args:
-        cfg: The composed (or saved) run config.
-
-    Raises:
-        ConfigError: The config holds an unmerged ``optimizer_variants`` block.
-    """
-    variants = cfg.get("optimizer_variants")
-    if variants and not cfg.get("_variant_applied"):
-        raise ConfigError(
-            "optimizer_variants is no longer read: put an experiment's settings for one optimizer in "
-            "conf/per_optimizer/<experiment>/<optimizer>.yaml (composed by Hydra after the experiment), "
-            "or set the keys directly on the command line (e.g. optimizer.lr=0.1 instead of "
-            "optimizer_variants.<name>.optimizer.lr=0.1)"
-        )
-
-
-def check_known_keys(cfg: DictConfig) -> None:
-    """Refuse keys the ``trainer``, ``paths`` and ``logger`` schemas do not declare.
-
-    Hydra's schemas reject an unknown key at compose time, except one added with ``+`` (Hydra's own
-    hint for a typo: ``+trainer.max_stepz=5`` would otherwise be accepted and ignored).
-
-    Args:
-        cfg: The composed run config.
-
-    Raises:
-        ConfigError: Naming each unknown key and the closest declared one.
-    """
-    import dataclasses
-    import difflib
-
-    from curvopt.training.schema import LoggerSchema, PathsSchema, TrainerSchema
-
-    problems = []
-    for group, schema in (("trainer", TrainerSchema), ("paths", PathsSchema), ("logger", LoggerSchema)):
-        node = cfg.get(group)
-        if node is None:
-            continue
-        known = [f.name for f in dataclasses.fields(schema)]
-        for key in node:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f" (did you mean {group}.{close[0]}?)" if close else ""
-                problems.append(f"{group}.{key}{hint}")
-    if problems:
-        raise ConfigError(
-            "unknown config key(s): " + ", ".join(problems) + ". The keys each group takes are in "
-            "conf/<group>/*.yaml and curvopt.training.schema."
-        )
-
-
-def check_trainer(tcfg: DictConfig) -> LoopConfig:
-    """Check every trainer value (type, range, choices) before anything is loaded or created.
-
-    Args:
-        tcfg: The ``trainer`` config.
-
-    Returns:
-        The loop's :class:`~curvopt.training.loop.LoopConfig` built from it.
-
-    Raises:
-        ConfigError: Naming the bad value and the valid ones.
-    """
-    loop_cfg = LoopConfig.from_trainer(tcfg)
-    dtype = tcfg.get("dtype", trainer_default("dtype"))
-    if dtype not in DTYPES:
-        raise ConfigError(f"trainer.dtype={dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
-    device = tcfg.get("device", trainer_default("device"))
-    if not isinstance(device, str) or not (
-        device == "auto" or device.split(":")[0] in ("cpu", "cuda", "mps")
-    ):
-        raise ConfigError(f"trainer.device={device!r}: choose auto, cpu, cuda or cuda:<index>")
-    for key in ("resume", "restart", "allow_config_change", "deterministic"):
-        as_bool(f"trainer.{key}", tcfg.get(key, trainer_default(key)))
-    for key in ("micro_batch_size", "num_threads"):
-        value = tcfg.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ConfigError(f"trainer.{key}={value!r}: must be a positive whole number, or null")
-    if tcfg.get("clock", trainer_default("clock")) == "process" and str(device).startswith("cuda"):
-        raise ConfigError("trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU")
-    return loop_cfg
+    generated = f"{settings.optimizer_name}_s{settings.seed}_{stamp}_{uuid.uuid4().hex[:6]}"
+    return check_name("run_id", broadcast_object(generated, dist))
 
 
 def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str, Any]:
-    """Run one training job described by ``cfg`` and return its summary.
+    """Run one training job described by ``cfg`` and return its summary (the module's four steps).
 
     Args:
         cfg: The composed run config (``src/train.py``'s, or a driver's composed one).
@@ -531,123 +415,71 @@ def run_from_config(cfg: DictConfig, cli: CommandLine | None = None) -> dict[str
         BadInputError: A bad config value, missing data or an unusable run directory, found before
             training starts (nothing is written then).
     """
-    check_no_legacy_variants(cfg)
-    check_known_keys(cfg)
-    seed = cfg.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"seed={seed!r}: expected a non-negative whole number")
-    if seed > MAX_SEED:
-        raise ConfigError(f"seed={seed}: must be at most {MAX_SEED} (2**32-1, the largest seed NumPy takes)")
-    check_name("experiment_name", cfg.get("experiment_name"))
-    if cfg.get("run_id"):
-        check_name("run_id", cfg.run_id)
-    check_trainer(cfg.trainer)
-    check_optimizer_values(cfg.optimizer)
-    tcfg = cfg.trainer
-    dist = (
-        init_distributed(str(tcfg.device), str(tcfg.get("dist_backend", trainer_default("dist_backend"))))
-        if env_world_size() > 1
-        else SINGLE
-    )
+    settings = RunSettings.from_config(cfg)  # 1. every value checked, before anything is created
+    trainer = settings.trainer
+    dist = init_distributed(trainer.device, trainer.dist_backend) if env_world_size() > 1 else SINGLE
     try:
-        return _run(cfg, dist, cli)
+        return _run(cfg, settings, dist, cli)
     finally:
         cleanup(dist)
 
 
-def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dict[str, Any]:
-    tcfg = cfg.trainer
-    run_id = check_name("run_id", make_run_id(cfg, dist))  # a generated id too (optimizer.name)
-    run_dir = Path(cfg.paths.results_dir) / str(cfg.experiment_name) / run_id
+def _run(cfg: DictConfig, settings: RunSettings, dist: DistInfo, cli: CommandLine | None) -> dict[str, Any]:
+    run_dir = settings.results_dir / settings.experiment_name / make_run_id(settings, dist)
     # the saved config.yaml names its run, generated id included, so `run_id=<id> trainer.resume=true`
     # resumes it like a named run
     cfg.run_id = run_dir.name
-    resume, restart = (
-        bool(tcfg.get("resume", trainer_default("resume"))),
-        bool(tcfg.get("restart", trainer_default("restart"))),
-    )
-    allow_change = bool(tcfg.get("allow_config_change", trainer_default("allow_config_change")))
+    resume, restart = settings.trainer.resume, settings.trainer.restart
     # the topmost directory this run creates (removed again if it stops before training)
     created = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     lock = RunLock(run_dir)
     started = False
     try:
+        # 2. the run directory (one process per directory, from before anything is loaded)
         if dist.is_main:
-            lock.acquire()  # one process per run directory, from before anything is loaded
+            lock.acquire()
             mode = check_run_dir(run_dir, resume, restart)
         else:
             mode = "resume" if resume else "new"
         plan = None
-        recorded: str | None = None
-        edits: list[tuple[str, str]] = []
-        trained_with: dict[str, Any] | None = None  # the config the checkpoint was trained with
         if mode == "resume":
-            if dist.is_main:  # before anything is loaded: a damaged checkpoint is refused at once
-                verify_checkpoint(run_dir / CHECKPOINT_NAME)
-            recorded = checkpoint_config(run_dir / CHECKPOINT_NAME)
-        if mode == "resume" and (run_dir / "config.yaml").exists():
-            saved = load_saved_config(run_dir / "config.yaml")
-            if saved.get("run_id") is None:  # saved before run ids were recorded: the directory's name
-                saved.run_id = run_dir.name
-            edits = config_edits(recorded, saved, cfg)
-            if edits and not allow_change:
-                listed = "\n".join(f"  {line}" for _, line in edits)
-                raise ConfigError(
-                    f"{run_dir / 'config.yaml'} differs from the config its checkpoint was trained with "
-                    f"(edited after the checkpoint was written):\n{listed}\n"
-                    "Undo the edit to continue the run as it was, pass trainer.allow_config_change=true to "
-                    "continue with the edited values (the records then mix two configs), or start a new run "
-                    "(another run_id, or trainer.restart=true)."
-                )
-            trained_with = _container(OmegaConf.create(recorded) if recorded is not None else saved)
-            plan = resume_config(saved, cfg, cli, _saved_choices(run_dir), allow_change=allow_change)
-            cfg = plan.config
-            tcfg = cfg.trainer
-        loop_cfg = check_trainer(tcfg)
-        device = (
-            device_for(dist, str(resolve_device(tcfg.device)))
-            if dist.enabled
-            else resolve_device(tcfg.device)
+            allow_change = settings.trainer.allow_config_change
+            plan = plan_resume(run_dir, cfg, cli, allow_change, verify=dist.is_main)
+            if plan is not None:  # the run's saved config, with what the command line may change
+                cfg = plan.config
+                settings = RunSettings.from_config(cfg, composed=False)
+        # 3. the parts, from the checked values
+        device = run_device(settings.trainer, dist)
+        seed_everything(settings.seed, settings.trainer.deterministic)
+        if settings.trainer.num_threads:
+            torch.set_num_threads(settings.trainer.num_threads)
+        data, objective, algorithm = build_parts(settings, device)  # fail before training
+        distribute(
+            algorithm, objective.model, dist, device, str(settings.config["optimizer"].get("_target_"))
         )
-        if tcfg.get("clock", trainer_default("clock")) == "process" and device.type == "cuda":
-            raise ConfigError(
-                "trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU"
-            )
-        dtype = DTYPES[tcfg.dtype]
-        seed_everything(int(cfg.seed), bool(tcfg.deterministic))
-        if tcfg.get("num_threads"):
-            torch.set_num_threads(int(tcfg.num_threads))
-        parts = _build_parts(cfg, dist, device, dtype)  # data, model, algorithm: fail before training
         reapply = None
-        if trained_with is not None:
-            changed = changed_optimizer_keys(trained_with, _container(cfg))
-            if changed:
-                reapply = hyperparameter_reapplier(parts[2], changed, str(cfg.optimizer.get("name")))
+        if plan is not None and plan.optimizer_changes:
+            reapply = hyperparameter_reapplier(algorithm, plan.optimizer_changes, settings.optimizer_name)
+        config_yaml = OmegaConf.to_yaml(cfg, resolve=True)  # config.yaml, and every checkpoint's copy
 
         def start_records() -> None:
             """Called once everything is built and checked, right before training: the first writes."""
             nonlocal started
             started = True
-            if not dist.is_main:
-                return
-            if mode == "restart":
-                aside = move_records_aside(run_dir)
-                log.warning("trainer.restart=true: the old records of %s are in %s", run_dir.name, aside)
-            if plan is not None:
-                for line in plan.extended:
-                    log.info("resume takes the new budget / checkpointing value: %s", line)
-                for line in plan.changed:
-                    log.warning("resume changes the run's config (trainer.allow_config_change): %s", line)
-            for _, line in edits:
-                log.warning(
-                    "resume continues with the edited config.yaml (trainer.allow_config_change): %s", line
-                )
-            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-            if mode != "resume":
-                save_command_line(run_dir, cli)
+            if dist.is_main:
+                _first_records(run_dir, mode, plan, config_yaml, cli)
 
-        return _train_parts(
-            cfg, dist, device, run_dir, loop_cfg, parts, mode == "resume", start_records, reapply
+        # 4. the loop
+        return _train(
+            settings,
+            run_dir,
+            dist,
+            device,
+            (data, objective, algorithm),
+            config_yaml,
+            start_records,
+            resume=mode == "resume",
+            reapply=reapply,
         )
     finally:
         lock.release()
@@ -655,59 +487,169 @@ def _run(cfg: DictConfig, dist: DistInfo, cli: CommandLine | None = None) -> dic
             _remove_empty(run_dir, created)  # a run that stopped before training leaves no directory
 
 
-def _container(cfg: DictConfig) -> dict[str, Any]:
-    out = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(out, dict)
-    return out
-
-
-def checkpoint_config(path: Path) -> str | None:
-    """The config text a checkpoint records (``config_yaml``), read without loading its tensors.
+def run_device(trainer: TrainerConfig, dist: DistInfo) -> torch.device:
+    """The device this process trains on.
 
     Args:
-        path: The checkpoint.
+        trainer: The checked trainer settings (``device``, ``clock``).
+        dist: This process's place in the process group (CUDA runs under torchrun use
+            ``cuda:<local_rank>``).
 
     Returns:
-        The text; ``None`` for a checkpoint written before configs were recorded.
+        The device.
 
     Raises:
-        CorruptCheckpointError: The file cannot be read.
+        ConfigError: CUDA was asked for but none is visible, or ``trainer.clock=process`` would
+            time a GPU.
     """
-    try:
-        try:  # tensors mapped, not read: cheap for any size
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        except Exception:  # a format mmap cannot read (torch's legacy one): read it
-            state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # truncated / not a torch file
-        raise CorruptCheckpointError(
-            f"{path} cannot be read ({type(err).__name__}: {err}); it is truncated or corrupt. "
-            "Restore it, or start the run again with trainer.restart=true"
-        ) from err
-    text = state.get("config_yaml") if isinstance(state, dict) else None
-    return text if isinstance(text, str) else None
+    device = resolve_device(trainer.device)
+    if dist.enabled:
+        device = device_for(dist, str(device))
+    if trainer.clock == "process" and device.type == "cuda":
+        raise ConfigError("trainer.clock=process counts CPU seconds only; use trainer.clock=wall on a GPU")
+    return device
 
 
-def changed_optimizer_keys(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``optimizer.*`` keys whose value differs between two configs (present in both, or removed).
+def build_parts(settings: RunSettings, device: torch.device) -> tuple[DataBundle, Objective, Algorithm]:
+    """Data -> model -> objective -> algorithm, from a checked run config.
 
-    Keys only ``now`` has (added to the configs since) do not count: their default applies.
+    Each part is checked against the previous ones (the monitored split exists; the model takes
+    the data), so a run that cannot train stops here, before anything is written.
 
     Args:
-        then: The config the checkpoint was trained with.
-        now: The config the resumed run continues with.
+        settings: The checked run config.
+        device: Where the data and the model go.
 
     Returns:
-        The differing keys, sorted.
+        ``(data, objective, algorithm)``.
+
+    Raises:
+        ConfigError: A part cannot be built from its config; the message names the part.
+        BadInputError: Missing or corrupt data files (the loaders' own errors).
     """
-    old = _flatten(then.get("optimizer") or {}, "optimizer.")
-    new = _flatten(now.get("optimizer") or {}, "optimizer.")
-    return sorted(
-        k for k in old if k != "optimizer.name" and (k not in new or not _same_value(new[k], old[k]))
+    dtype = DTYPES[settings.trainer.dtype]
+    try:
+        data = build_data(settings.config, dtype, device)  # fails before training if data are missing
+    except (ValueError, TypeError) as err:
+        if isinstance(err, BadInputError):
+            raise
+        raise ConfigError(f"dataset={settings.dataset_name}: {err}") from err
+    check_monitor(data, settings.trainer.monitor, settings.dataset_name)
+    try:
+        model, loss = build_model(settings.config, dtype, device)
+    except (ValueError, TypeError, RuntimeError) as err:  # RuntimeError: torch on impossible shapes
+        if isinstance(err, BadInputError):
+            raise
+        raise ConfigError(f"model ({settings.model_target}): {err}") from err
+    objective = Objective(model, loss)
+    check_model_fits_data(objective, data, settings.model_target, settings.dataset_name)
+    try:
+        algorithm = build_algorithm(
+            settings.config["optimizer"], objective, data, micro_batch_size=settings.trainer.micro_batch_size
+        )
+    except (ValueError, TypeError) as err:
+        if isinstance(err, BadInputError):
+            raise
+        raise ConfigError(f"optimizer={settings.optimizer_name}: {err}") from err
+    return data, objective, algorithm
+
+
+def _first_records(
+    run_dir: Path, mode: str, plan: ResumePlan | None, config_yaml: str, cli: CommandLine | None
+) -> None:
+    """What rank 0 writes once everything is built, right before training."""
+    if mode == "restart":
+        aside = move_records_aside(run_dir)
+        log.warning("trainer.restart=true: the old records of %s are in %s", run_dir.name, aside)
+    if plan is not None:
+        for line in plan.extended:
+            log.info("resume takes the new budget / checkpointing value: %s", line)
+        for line in plan.changed:
+            log.warning("resume changes the run's config (trainer.allow_config_change): %s", line)
+        for _, line in plan.edits:
+            log.warning(
+                "resume continues with the edited config.yaml (trainer.allow_config_change): %s", line
+            )
+    atomic_write_text(run_dir / "config.yaml", config_yaml)
+    if mode != "resume":
+        save_command_line(run_dir, cli)
+
+
+def _train(
+    settings: RunSettings,
+    run_dir: Path,
+    dist: DistInfo,
+    device: torch.device,
+    parts: tuple[DataBundle, Objective, Algorithm],
+    config_yaml: str,
+    start_records: Callable[[], None],
+    resume: bool,
+    reapply: Callable[[], list[str]] | None,
+) -> dict[str, Any]:
+    data, objective, algorithm = parts
+    trainer_cfg, logger = settings.trainer, settings.logger
+    kind = str(logger.get("kind")) if dist.is_main else "none"
+    tracker = make_tracker(
+        kind,
+        **(
+            {
+                "project": logger.get("project"),
+                "entity": logger.get("entity"),
+                "mode": logger.get("mode"),
+                "dir": logger.get("dir"),
+                "name": run_dir.name,
+                "group": settings.experiment_name,
+                "config": {**settings.config, "run_id": run_dir.name},
+            }
+            if kind == "wandb"
+            else {}
+        ),
     )
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    extra = {
+        "experiment": settings.experiment_name,
+        "run_id": run_dir.name,
+        "optimizer": settings.optimizer_name,
+        "dataset": data.meta.get("name", settings.config["dataset"].get("name")),
+        "synthetic_data": bool(data.meta.get("synthetic", False)),
+        "profile": settings.profile,
+        "seed": settings.seed,
+        "tag": settings.tag,
+        "num_params": objective.num_params(),
+        "dtype": trainer_cfg.dtype,
+        "micro_batch_size": trainer_cfg.micro_batch_size,
+        "git_commit": git_commit(Path(__file__).parent),
+        **environment_info(device),
+    }
+    trainer = Trainer(
+        objective,
+        algorithm,
+        data,
+        trainer_cfg,
+        run_dir,
+        device,
+        settings.seed,
+        tracker,
+        extra,
+        tracker_every=int(logger.get("log_every", 1)),
+        dist=dist,
+        config_yaml=config_yaml,
+    )
+    trainer.reapply_hyperparameters = reapply
+    summary: dict[str, Any] = {"status": "failed"}
+    try:
+        if resume:  # before any record is touched: a checkpoint that does not fit changes nothing
+            try:
+                trainer.load_checkpoint(verify=False)  # verified by plan_resume (rank 0) already
+            except BaseException:
+                if trainer.stream is not None:
+                    trainer.stream.close()
+                raise
+        start_records()
+        summary = trainer.run(resume=resume)
+    finally:
+        tracker.finish(exit_code=exit_code(summary))
+    summary["run_dir"] = str(run_dir)
+    return summary
 
 
 def hyperparameter_reapplier(
@@ -725,7 +667,7 @@ def hyperparameter_reapplier(
 
     Args:
         algorithm: The freshly built algorithm.
-        keys: The changed ``optimizer.*`` keys (:func:`changed_optimizer_keys`).
+        keys: The changed ``optimizer.*`` keys (``ResumePlan.optimizer_changes``).
         optimizer_name: ``optimizer.name``, for the message.
 
     Returns:
@@ -788,123 +730,3 @@ def _remove_empty(path: Path, top: Path) -> None:
             return
         if d == top:
             return
-
-
-def _saved_choices(run_dir: Path) -> dict[str, str] | None:
-    path = run_dir / "overrides.yaml"
-    if not path.exists():
-        return None
-    saved = OmegaConf.to_container(load_saved_config(path))
-    return dict(saved.get("choices") or {}) if isinstance(saved, dict) else None
-
-
-def _build_parts(
-    cfg: DictConfig, dist: DistInfo, device: torch.device, dtype: torch.dtype
-) -> tuple[DataBundle, Objective, Algorithm, int | None]:
-    tcfg = cfg.trainer
-    try:
-        data = build_data(cfg, dtype, device)  # fails before training if data are missing
-    except (ValueError, TypeError) as err:
-        if isinstance(err, BadInputError):
-            raise
-        raise ConfigError(f"dataset={cfg.dataset.get('name')}: {err}") from err
-    check_monitor(data, str(tcfg.get("monitor", trainer_default("monitor"))), str(cfg.dataset.get("name")))
-    try:
-        model, loss = build_model(cfg, dtype, device)
-    except (ValueError, TypeError, RuntimeError) as err:  # RuntimeError: torch on impossible shapes
-        if isinstance(err, BadInputError):
-            raise
-        raise ConfigError(f"model ({cfg.model.get('_target_')}): {err}") from err
-    objective = Objective(model, loss)
-    check_model_fits_data(objective, data, str(cfg.model.get("_target_")), str(cfg.dataset.get("name")))
-    micro = tcfg.get("micro_batch_size")
-    try:
-        algorithm = build_algorithm(
-            cfg.optimizer,
-            objective,
-            data,
-            micro_batch_size=int(micro) if micro else None,
-            train_model=wrap_ddp(model, dist, device) if dist.enabled else None,
-        )
-    except (ValueError, TypeError) as err:
-        if isinstance(err, BadInputError):
-            raise
-        raise ConfigError(f"optimizer={cfg.optimizer.get('name')}: {err}") from err
-    return data, objective, algorithm, int(micro) if micro else None
-
-
-def _train_parts(
-    cfg: DictConfig,
-    dist: DistInfo,
-    device: torch.device,
-    run_dir: Path,
-    loop_cfg: LoopConfig,
-    parts: tuple[DataBundle, Objective, Algorithm, int | None],
-    resume: bool,
-    start_records: Callable[[], None],
-    reapply: Callable[[], list[str]] | None = None,
-) -> dict[str, Any]:
-    tcfg = cfg.trainer
-    data, objective, algorithm, micro = parts
-    lcfg = cfg.logger
-    tracker = make_tracker(
-        lcfg.kind if dist.is_main else "none",
-        **(
-            {
-                "project": lcfg.project,
-                "entity": lcfg.entity,
-                "mode": lcfg.mode,
-                "dir": lcfg.dir,
-                "name": run_dir.name,
-                "group": str(cfg.experiment_name),
-                "config": _to_container(cfg),
-            }
-            if lcfg.kind == "wandb"
-            else {}
-        ),
-    )
-    extra = {
-        "experiment": str(cfg.experiment_name),
-        "run_id": run_dir.name,
-        "optimizer": str(cfg.optimizer.name),
-        "dataset": data.meta.get("name", cfg.dataset.get("name")),
-        "synthetic_data": bool(data.meta.get("synthetic", False)),
-        "profile": str(cfg.profile),
-        "seed": int(cfg.seed),
-        "tag": cfg.get("tag"),
-        "num_params": objective.num_params(),
-        "dtype": str(tcfg.dtype),
-        "micro_batch_size": int(micro) if micro else None,
-        "git_commit": git_commit(Path(__file__).parent),
-        **environment_info(device),
-    }
-    trainer = Trainer(
-        objective,
-        algorithm,
-        data,
-        loop_cfg,
-        run_dir,
-        device,
-        int(cfg.seed),
-        tracker,
-        extra,
-        tracker_every=int(lcfg.get("log_every", 1)),
-        dist=dist,
-        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # what start_records writes
-    )
-    trainer.reapply_hyperparameters = reapply
-    summary: dict[str, Any] = {"status": "failed"}
-    try:
-        if resume:  # before any record is touched: a checkpoint that does not fit changes nothing
-            try:
-                trainer.load_checkpoint(verify=False)  # verified by _run (rank 0) already
-            except BaseException:
-                if trainer.stream is not None:
-                    trainer.stream.close()
-                raise
-        start_records()
-        summary = trainer.run(resume=resume)
-    finally:
-        tracker.finish(exit_code=exit_code(summary))
-    summary["run_dir"] = str(run_dir)
-    return summary

@@ -11,6 +11,10 @@ rank takes its contiguous chunk (:func:`shard_slice`), and DDP averages the grad
 gradient accumulation over micro-batches of equal size, rank ``r``'s micro-batch ``k`` is the
 single-process run's micro-batch ``r·A + k``, so an N-process run equals a 1-process run with the
 same global batch up to float summation order (tested in tests/test_ddp.py).
+
+A run joins the process group once, before its run directory is chosen (:func:`init_distributed`:
+rank 0's generated run id is broadcast), and wraps its parts once they are built
+(:func:`distribute`); the loop shards batches and reduces scalars with the helpers below.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from curvopt.training.algorithm import Algorithm, TorchOptimizerAlgorithm
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +240,37 @@ def wrap_ddp(model: torch.nn.Module, info: DistInfo, device: torch.device) -> to
     else:
         sync = {"broadcast_buffers": False}
     return DistributedDataParallel(model, device_ids=device_ids, **sync)
+
+
+def distribute(
+    algorithm: Algorithm, model: torch.nn.Module, info: DistInfo, device: torch.device, target: str
+) -> None:
+    """Make the finished parts data-parallel, once (a no-op for one process).
+
+    The model a wrapped ``torch.optim`` optimizer trains through
+    (:attr:`~curvopt.training.algorithm.TorchOptimizerAlgorithm.train_model`) becomes a
+    DistributedDataParallel wrapper of ``model`` (:func:`wrap_ddp`); the optimizer, its state and
+    every record keep the bare model.
+
+    Args:
+        algorithm: The built algorithm.
+        model: The built model (``objective.model``).
+        info: This process's :class:`DistInfo`.
+        device: The process's device.
+        target: ``optimizer._target_``, for the message.
+
+    Raises:
+        NotImplementedError: Under torchrun, an algorithm of its own (not a wrapped optimizer):
+            its steps would not be synchronised.
+    """
+    if not info.enabled:
+        return
+    if not isinstance(algorithm, TorchOptimizerAlgorithm):
+        raise NotImplementedError(
+            f"{target} returns its own Algorithm, which cannot run under DistributedDataParallel; "
+            "run it in one process, or have the factory return a torch.optim.Optimizer"
+        )
+    algorithm.train_model = wrap_ddp(model, info, device)
 
 
 def cleanup(info: DistInfo = SINGLE) -> None:

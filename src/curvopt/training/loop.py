@@ -10,7 +10,12 @@ are always kept and ``summary.json`` always says which.
 Signals are deferred: SIGINT (Ctrl-C) or SIGTERM (a scheduler's stop) lets the current step and
 its records finish, then the loop writes a checkpoint *at that step boundary* and stops, so
 ``resume=True`` continues with metrics identical to an uninterrupted run. A second signal stops
-at once without a new checkpoint (the last periodic one, if any, stays valid). docs/resume.md.
+at once without a new checkpoint (the last periodic one, if any, stays valid). docs/resume.md;
+the handlers are :class:`~curvopt.training.signals.StopSignals`, the checkpoint file and the RNG
+states :mod:`curvopt.training.checkpoint`.
+
+The settings are a checked :class:`~curvopt.training.schema.TrainerConfig` (the ``trainer``
+config group); the loop reads nothing else of the run config.
 
 Language-model runs add, per logged step, ``tokens`` (non-ignored targets of the update),
 ``tokens_seen`` and ``tokens_per_s`` (tokens over the update's algorithm time, evaluation
@@ -22,38 +27,40 @@ ranks so every rank takes the same decisions, and only rank 0 writes records and
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import os
-import random
 import resource
-import signal
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from curvopt.errors import ConfigError, CorruptCheckpointError, NoCheckpointError
+from curvopt.errors import CorruptCheckpointError, NoCheckpointError
 from curvopt.objective import Objective
 from curvopt.training.algorithm import Algorithm, DataBundle
+from curvopt.training.checkpoint import (
+    CHECKPOINT_NAME,
+    CHECKSUM_NAME,
+    CheckpointWriteError,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+    verify_checkpoint,
+    write_checkpoint,
+    write_checksum,
+)
 from curvopt.training.distributed import SINGLE, DistInfo, all_reduce, gather_objects, shard_slice
 from curvopt.training.evaluation import evaluate_split
-from curvopt.training.records import RunRecorder, atomic_write_text
-from curvopt.training.sampler import SAMPLING_MODES, BatchSampler, shard
-from curvopt.training.schema import trainer_default as _default
+from curvopt.training.records import RunRecorder
+from curvopt.training.sampler import BatchSampler, shard
+from curvopt.training.schema import TrainerConfig
+from curvopt.training.signals import StopSignals
 from curvopt.training.tracking import NullTracker
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = "checkpoint.pt"
-# SHA-256 of checkpoint.pt, in `sha256sum` format (`sha256sum -c checkpoint.pt.sha256` checks it)
-CHECKSUM_NAME = CHECKPOINT_NAME + ".sha256"
 TIMING_FIELDS = ("algo_time_s", "wall_time_s", "step_time_s", "peak_mem_bytes", "tokens_per_s")
 
 
@@ -85,200 +92,6 @@ def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not is_timing_field(k)} for row in rows]
 
 
-@dataclass
-class LoopConfig:
-    """The loop's settings (the ``trainer`` config); every value is checked on construction.
-
-    Attributes:
-        max_steps: Stop after this many updates.
-        max_epochs: Stop after this many passes over the training set (``None``: off).
-        max_algo_time_s: Stop when the algorithm time reaches this many seconds (``None``: off).
-        batch_size: Batch size when the algorithm does not choose its own.
-        sampling: Sampler mode (:data:`~curvopt.training.sampler.SAMPLING_MODES`).
-        eval_every: Evaluate every this many steps (and at the start and the end).
-        eval_batch_size: Rows per forward pass in evaluation.
-        eval_splits: Splits to evaluate, among ``train``, ``val``, ``test``.
-        log_every: Write a metrics row every this many steps.
-        checkpoint_every: Write a checkpoint every this many steps (0: off).
-        checkpoint_every_s: Also checkpoint when this many wall seconds have passed since the last
-            one (long CPU runs that must survive a restart on another machine; ``None``/0: off).
-        keep_checkpoint: Keep ``checkpoint.pt`` after a completed run.
-        progress_log_every_s: Without a terminal (tqdm silent), log one progress line per
-            evaluation, at most this often.
-        patience_evals: Stop after this many evaluations without a better ``monitor`` value
-            (``None``: off).
-        monitor: The metric that defines the best evaluation (``"val/loss"``).
-        monitor_mode: ``"min"`` or ``"max"``.
-        progress: Show a tqdm progress bar (on a terminal).
-        eval_galore_compat: Also log GaLore's off-by-one eval loss/ppl (LM tasks).
-        clock: ``"wall"``: ``time.perf_counter`` (+ CUDA sync), the papers' "computation time";
-            ``"process"``: this process's CPU seconds (``time.process_time``), which other jobs on
-            a shared CPU cannot inflate; it equals uncontended wall time only with one torch
-            thread (``trainer.num_threads=1``) and never on a GPU.
-
-    Raises:
-        ConfigError: If a value has the wrong type or is out of range.
-    """
-
-    # Defaults come from the trainer schema (one place for them; conf/trainer/default.yaml repeats
-    # them with comments, and tests/test_config_schema.py checks that the three agree).
-    max_steps: int = _default("max_steps")
-    max_epochs: float | None = _default("max_epochs")
-    max_algo_time_s: float | None = _default("max_algo_time_s")
-    batch_size: int = _default("batch_size")
-    sampling: str = _default("sampling")
-    eval_every: int = _default("eval_every")
-    eval_batch_size: int = _default("eval_batch_size")
-    eval_splits: list[str] = field(default_factory=lambda: _default("eval_splits"))
-    log_every: int = _default("log_every")
-    checkpoint_every: int = _default("checkpoint_every")
-    checkpoint_every_s: float | None = _default("checkpoint_every_s")
-    keep_checkpoint: bool = _default("keep_checkpoint")
-    progress_log_every_s: float = _default("progress_log_every_s")
-    patience_evals: int | None = _default("patience_evals")
-    monitor: str = _default("monitor")
-    monitor_mode: str = _default("monitor_mode")
-    progress: bool = _default("progress")
-    eval_galore_compat: bool = _default("eval_galore_compat")
-    clock: str = _default("clock")
-
-    def __post_init__(self) -> None:
-        if self.clock not in ("wall", "process"):
-            raise ConfigError(f"trainer.clock must be 'wall' or 'process', got {self.clock!r}")
-        checks = (
-            ("max_steps", self.max_steps, 0, False),
-            ("batch_size", self.batch_size, 1, False),
-            ("eval_every", self.eval_every, 1, False),
-            ("eval_batch_size", self.eval_batch_size, 1, False),
-            ("log_every", self.log_every, 1, False),
-            ("checkpoint_every", self.checkpoint_every, 0, False),
-            ("patience_evals", self.patience_evals, 1, True),
-        )
-        for key, value, minimum, none_ok in checks:
-            _check_int(key, value, minimum, none_ok)
-        _check_float("max_epochs", self.max_epochs, positive=True, none_ok=True)
-        _check_float("max_algo_time_s", self.max_algo_time_s, positive=True, none_ok=True)
-        _check_float("checkpoint_every_s", self.checkpoint_every_s, positive=False, none_ok=True)  # 0 = off
-        _check_float("progress_log_every_s", self.progress_log_every_s, positive=False, none_ok=False)
-        if self.sampling not in SAMPLING_MODES:
-            raise ConfigError(
-                f"trainer.sampling={self.sampling!r}: choose one of {', '.join(SAMPLING_MODES)}"
-            )
-        if self.monitor_mode not in ("min", "max"):
-            raise ConfigError(f"trainer.monitor_mode={self.monitor_mode!r}: choose min or max")
-        unknown = [s for s in self.eval_splits if s not in ("train", "val", "test")]
-        if unknown:
-            raise ConfigError(f"trainer.eval_splits has {unknown}: the splits are train, val and test")
-
-    @classmethod
-    def from_trainer(cls, tcfg: Any) -> LoopConfig:
-        """The loop's settings from a ``trainer`` config.
-
-        Every value is checked (type and range) before anything is loaded or created.
-
-        Args:
-            tcfg: The ``trainer`` config (anything with ``.get``).
-
-        Returns:
-            The :class:`LoopConfig`.
-
-        Raises:
-            ConfigError: Naming the first bad value.
-        """
-
-        def value(key: str) -> Any:
-            return tcfg.get(key, _default(key))
-
-        splits = value("eval_splits")
-        if isinstance(splits, str) or not all(isinstance(x, str) for x in splits):
-            raise ConfigError(f"trainer.eval_splits={splits!r}: expected a list such as [train, val, test]")
-        return cls(
-            max_steps=_as_int("max_steps", value("max_steps")),
-            max_epochs=_as_float("max_epochs", value("max_epochs")),
-            max_algo_time_s=_as_float("max_algo_time_s", value("max_algo_time_s")),
-            batch_size=_as_int("batch_size", value("batch_size")),
-            sampling=str(value("sampling")),
-            eval_every=_as_int("eval_every", value("eval_every")),
-            eval_batch_size=_as_int("eval_batch_size", value("eval_batch_size")),
-            eval_splits=list(splits),
-            log_every=_as_int("log_every", value("log_every")),
-            checkpoint_every=_as_int("checkpoint_every", value("checkpoint_every")),
-            checkpoint_every_s=_as_float("checkpoint_every_s", value("checkpoint_every_s")),
-            keep_checkpoint=as_bool("trainer.keep_checkpoint", value("keep_checkpoint")),
-            patience_evals=_as_int("patience_evals", value("patience_evals")),
-            monitor=str(value("monitor")),
-            monitor_mode=str(value("monitor_mode")),
-            progress=as_bool("trainer.progress", value("progress")),
-            progress_log_every_s=_as_float("progress_log_every_s", value("progress_log_every_s")),
-            eval_galore_compat=as_bool("trainer.eval_galore_compat", value("eval_galore_compat")),
-            clock=str(value("clock")),
-        )
-
-
-def as_bool(name: str, value: Any) -> bool:
-    """Check a boolean config value (no truthy strings or numbers).
-
-    Args:
-        name: Config key, for the message.
-        value: The value.
-
-    Returns:
-        ``value``.
-
-    Raises:
-        ConfigError: If ``value`` is not a bool.
-    """
-    if isinstance(value, bool):
-        return value
-    raise ConfigError(f"{name}={value!r}: expected true or false")
-
-
-def _as_int(key: str, value: Any) -> int | None:
-    """An integer setting (``None`` passes through); ``12.0`` or ``1e4`` are accepted as integers."""
-    if value is None:
-        return None
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise ConfigError(f"trainer.{key}={value!r}: expected a whole number, e.g. trainer.{key}=100")
-
-
-def _as_float(key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise ConfigError(f"trainer.{key}={value!r}: expected a number (or null), e.g. trainer.{key}=60")
-
-
-def _check_int(key: str, value: Any, minimum: int, none_ok: bool) -> None:
-    if value is None and none_ok:
-        return
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"trainer.{key}={value!r}: expected a whole number")
-    if value < minimum:
-        what = "positive" if minimum == 1 else f">= {minimum}"
-        off = " (or null: off)" if none_ok else ""
-        raise ConfigError(f"trainer.{key}={value}: must be {what}{off}")
-
-
-def _check_float(key: str, value: Any, positive: bool, none_ok: bool) -> None:
-    if value is None and none_ok:
-        return
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or math.isnan(value)
-        or (positive and not value > 0)
-        or (not positive and value < 0)
-    ):
-        off = " (or null: off)" if none_ok else ""
-        raise ConfigError(
-            f"trainer.{key}={value!r}: must be a {'positive' if positive else 'non-negative'} number{off}"
-        )
-
-
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of the run so far.
 
@@ -299,156 +112,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def rng_state() -> dict[str, Any]:
-    """The global random states (torch, numpy, Python, and CUDA when available), for checkpoints.
-
-    Returns:
-        A dict accepted by :func:`set_rng_state`.
-    """
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the global random states saved by :func:`rng_state`.
-
-    Args:
-        state: A dict returned by :func:`rng_state`.
-    """
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
-
-
-class StopSignals:
-    """Context manager that defers SIGINT and SIGTERM while installed.
-
-    The first signal only sets :attr:`received` (the loop stops at the next step boundary, with a
-    checkpoint); a second one raises ``KeyboardInterrupt`` at once. Handlers can only be
-    installed from the main thread; elsewhere (a run started from a worker thread) signals keep
-    their previous behaviour. It takes no constructor arguments.
-    """
-
-    NAMES = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm"}
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.shield = False  # set while the records are written: further signals are only logged
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def name(self) -> str | None:
-        """``"sigint"`` or ``"sigterm"`` for the received signal, ``None`` before one arrives."""
-        return self.NAMES.get(self.received) if self.received is not None else None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        del frame
-        if self.shield:
-            log.warning("%s received while the run's records are written; stopping right after", signum)
-            self.received = self.received or signum
-            return
-        if self.received is not None:
-            raise KeyboardInterrupt(f"second stop signal ({signal.Signals(signum).name})")
-        self.received = signum
-        log.warning(
-            "%s received: finishing the current step, then checkpoint and stop "
-            "(send it again to stop at once, without a new checkpoint)",
-            signal.Signals(signum).name,
-        )
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.NAMES:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._previous.clear()
-
-
-class _HashingWriter:
-    """A write-only file wrapper that hashes what passes through (the checkpoint's SHA-256)."""
-
-    def __init__(self, fh: Any) -> None:
-        self.fh = fh
-        self.sha256 = hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        self.sha256.update(data)
-        return self.fh.write(data)
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file, read in 1 MiB blocks.
-
-    Args:
-        path: The file.
-
-    Returns:
-        The hex digest.
-    """
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def verify_checkpoint(path: Path) -> bool:
-    """Check ``checkpoint.pt`` against the SHA-256 in ``checkpoint.pt.sha256`` beside it.
-
-    A checkpoint without that file (written before checksums were recorded, or by a process
-    that died between the two writes) is accepted with a logged warning.
-
-    Args:
-        path: The checkpoint.
-
-    Returns:
-        ``True`` when the checksum was verified, ``False`` when there is none.
-
-    Raises:
-        CorruptCheckpointError: The checksum file is unreadable or does not match; the message
-            names the checkpoint and says how to go on.
-    """
-    path = Path(path)
-    side = path.with_name(path.name + ".sha256")
-    if not side.exists():
-        log.warning("%s has no %s (an older checkpoint): resuming without a checksum check", path, side.name)
-        return False
-    try:
-        expected = side.read_text().split()[0].lower()
-    except (OSError, UnicodeDecodeError, IndexError):
-        expected = ""
-    if len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected):
-        raise CorruptCheckpointError(
-            f"{side} does not hold a SHA-256 checksum, so {path} cannot be verified; restore both "
-            "files, or start the run again with trainer.restart=true (the old records are moved aside)"
-        )
-    actual = file_sha256(path)
-    if actual != expected:
-        raise CorruptCheckpointError(
-            f"{path} does not match its checksum in {side.name} (sha256 {actual[:12]}..., recorded "
-            f"{expected[:12]}...): the file was changed or damaged after it was written. Restore it from "
-            "a copy, or start the run again with trainer.restart=true (the old records are moved aside)"
-        )
-    return True
-
-
-class CheckpointWriteError(RuntimeError):
-    """``checkpoint.pt`` could not be written (full disk, permissions); the previous one is intact."""
 
 
 class _NullRecorder:
@@ -471,7 +136,7 @@ class Trainer:
         objective: The model and its loss kind (evaluation, checkpoints).
         algorithm: The optimizer, as an :class:`~curvopt.api.Algorithm`.
         data: The run's data; ``train`` (sampled) or ``train_stream`` (streamed).
-        config: The loop's settings.
+        config: The loop's settings (the checked ``trainer`` config).
         run_dir: The run directory (records and ``checkpoint.pt``).
         device: The device the batches are moved to (streams) and timed on.
         seed: Run seed; the sampler uses ``seed + 1``.
@@ -493,7 +158,7 @@ class Trainer:
         objective: Objective,
         algorithm: Algorithm,
         data: DataBundle,
-        config: LoopConfig,
+        config: TrainerConfig,
         run_dir: Path,
         device: torch.device,
         seed: int = 0,
@@ -562,7 +227,8 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Write ``checkpoint.pt`` atomically (a temporary file, fsync, rename), then its checksum.
 
-        A crash or a full disk leaves the previous checkpoint intact and no partial file behind.
+        A crash or a full disk leaves the previous checkpoint intact and no partial file behind
+        (:func:`~curvopt.training.checkpoint.write_checkpoint`).
         ``checkpoint.pt.sha256`` (its SHA-256, hashed while it is written) is removed before the
         rename and written atomically after it, so it never describes another file: a crash in
         between leaves a checkpoint without a checksum (accepted with a warning on resume).
@@ -576,30 +242,10 @@ class Trainer:
         if not self.dist.is_main:
             return
         path = self.run_dir / CHECKPOINT_NAME
-        side = self.run_dir / CHECKSUM_NAME
-        tmp = path.with_suffix(".tmp")
-        try:
-            with tmp.open("wb") as fh:
-                writer = _HashingWriter(fh)
-                torch.save(state, writer)
-                fh.flush()
-                os.fsync(fh.fileno())
-            side.unlink(missing_ok=True)
-            os.replace(tmp, path)
-        except BaseException as err:
-            tmp.unlink(missing_ok=True)
-            if isinstance(err, (OSError, RuntimeError)):  # torch reports a full disk as RuntimeError
-                raise CheckpointWriteError(
-                    f"could not write the checkpoint {path} at step {self.step}: {err}; "
-                    "free disk space (or point paths.results_dir elsewhere)"
-                ) from err
-            raise
+        digest = write_checkpoint(path, state, self.step)
         self._last_checkpoint = time.perf_counter()
         self.checkpoint_step = self.step
-        try:
-            atomic_write_text(side, f"{writer.sha256.hexdigest()}  {CHECKPOINT_NAME}\n")
-        except OSError as err:  # the checkpoint itself is written: resumable, without a check
-            log.warning("could not write %s (%s); the checkpoint is kept without a checksum", side, err)
+        write_checksum(path, digest)
 
     def _try_checkpoint(self) -> None:
         """A checkpoint whose failure is recorded (summary ``checkpoint_error``), not fatal."""
@@ -665,13 +311,7 @@ class Trainer:
             )
         if verify:
             verify_checkpoint(path)
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=False)
-        except Exception as err:  # truncated / not a torch file
-            raise CorruptCheckpointError(
-                f"{path} cannot be read ({type(err).__name__}: {err}); it is truncated or corrupt. "
-                "Restore it, or start the run again with trainer.restart=true"
-            ) from err
+        state = read_checkpoint(path, self.device)
         try:
             self.objective.model.load_state_dict(state["model"])
             self.algorithm.load_state_dict(state["algorithm"])

@@ -16,6 +16,7 @@ line may only *extend* the run (:data:`EXTEND_KEYS`) or change where and how it 
 else is refused with the difference printed, unless ``trainer.allow_config_change=true``.
 A ``config.yaml`` edited by hand since the checkpoint was written is refused the same way
 (:func:`config_edits`), and one that is not valid YAML is named (:func:`load_saved_config`).
+:func:`plan_resume` does all of it for a run directory.
 
 ``run_id`` and ``experiment_name`` are single directory names (:func:`check_name`): nothing a run
 writes can land outside ``paths.results_dir``.
@@ -35,9 +36,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
+from curvopt.training.checkpoint import CHECKPOINT_NAME, checkpoint_config, verify_checkpoint
 
-CHECKPOINT = "checkpoint.pt"
-RECORD_FILES = ("config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", CHECKPOINT)
+RECORD_FILES = ("config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", CHECKPOINT_NAME)
 # overrides accepted on resume because they only extend the run (it continues identically)
 EXTEND_KEYS = (
     "trainer.max_steps",
@@ -198,7 +199,7 @@ def run_status(run_dir: Path) -> str:
 
 
 def _describe(run_dir: Path, status: str) -> str:
-    checkpoint = run_dir / CHECKPOINT
+    checkpoint = run_dir / CHECKPOINT_NAME
     return f"status {status}, " + ("a checkpoint" if checkpoint.exists() else "no checkpoint")
 
 
@@ -223,7 +224,7 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
         raise ConfigError("trainer.resume=true and trainer.restart=true exclude each other; choose one")
     records = run_dir.is_dir() and has_records(run_dir)
     if resume:
-        if not (run_dir / CHECKPOINT).exists():
+        if not (run_dir / CHECKPOINT_NAME).exists():
             if not records:
                 raise NoCheckpointError(
                     f"trainer.resume=true needs run_id=<existing run> with a checkpoint; none at {run_dir}"
@@ -246,7 +247,7 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
             "trainer.restart=true to run it again (the old records are moved aside, not deleted), or "
             "trainer.resume=true with a larger trainer.max_steps to extend it"
         )
-    resumable = (run_dir / CHECKPOINT).exists()
+    resumable = (run_dir / CHECKPOINT_NAME).exists()
     raise RunExistsError(
         f"{run_dir} holds an unfinished run ({_describe(run_dir, status)}); "
         + ("continue it with trainer.resume=true, or " if resumable else "")
@@ -349,12 +350,20 @@ class ResumePlan:
         extended: ``"key: old -> new"`` applied because they extend the run.
         changed: ``"key: old -> new"`` applied under ``trainer.allow_config_change``.
         changed_keys: The keys (or group names) of ``changed``.
+        edits: ``(key, "key: checkpoint value -> config.yaml value")`` for a ``config.yaml``
+            edited since the checkpoint was written (:func:`config_edits`; only under
+            ``trainer.allow_config_change``).
+        optimizer_changes: The ``optimizer.*`` keys whose value differs from the config the
+            checkpoint was trained with (:func:`changed_optimizer_keys`): the resumed optimizer
+            state would override them.
     """
 
     config: DictConfig
     extended: list[str]  # "key: old -> new" applied because they extend the run
     changed: list[str]  # "key: old -> new" applied under trainer.allow_config_change
     changed_keys: list[str] = field(default_factory=list)  # their keys (a group name for a group)
+    edits: list[tuple[str, str]] = field(default_factory=list)  # config.yaml edited since the checkpoint
+    optimizer_changes: list[str] = field(default_factory=list)  # differ from the checkpoint's config
 
 
 def resume_config(
@@ -546,3 +555,93 @@ def config_edits(
         if new is _ABSENT or not _same(old, new):
             out.append((key, f"{key}: {old!r} -> {_show(new)}"))
     return out
+
+
+def changed_optimizer_keys(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``optimizer.*`` keys whose value differs between two configs (present in both, or removed).
+
+    Keys only ``now`` has (added to the configs since) do not count: their default applies.
+
+    Args:
+        then: The config the checkpoint was trained with.
+        now: The config the resumed run continues with.
+
+    Returns:
+        The differing keys, sorted.
+    """
+    old = _flatten(then.get("optimizer") or {}, "optimizer.")
+    new = _flatten(now.get("optimizer") or {}, "optimizer.")
+    return sorted(k for k in old if k != "optimizer.name" and (k not in new or not _same(new[k], old[k])))
+
+
+def saved_choices(run_dir: Path) -> dict[str, str] | None:
+    """The config-group choices a run saved in its ``overrides.yaml``.
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        Group -> choice; ``None`` for runs saved before ``overrides.yaml`` existed.
+    """
+    path = run_dir / "overrides.yaml"
+    if not path.exists():
+        return None
+    saved = OmegaConf.to_container(load_saved_config(path))
+    return dict(saved.get("choices") or {}) if isinstance(saved, dict) else None
+
+
+def plan_resume(
+    run_dir: Path, fresh: DictConfig, cli: CommandLine | None, allow_change: bool, verify: bool = True
+) -> ResumePlan | None:
+    """The config a resumed run continues with, checked against its checkpoint first.
+
+    Nothing is loaded but the checkpoint's recorded config text. The run's ``config.yaml`` must be
+    the config its checkpoint was trained with (:func:`config_edits`), then the command line may
+    only extend the run (:func:`resume_config`).
+
+    Args:
+        run_dir: The run directory (it holds ``checkpoint.pt``).
+        fresh: The config this command composed.
+        cli: The command line (:func:`resume_config`).
+        allow_change: ``trainer.allow_config_change``: continue with edits and changes instead of
+            refusing them.
+        verify: Check the checkpoint against its checksum first (rank 0 of a torchrun run; the
+            other ranks leave it to rank 0).
+
+    Returns:
+        The :class:`ResumePlan`; ``None`` for a run without a saved ``config.yaml`` (it continues
+        with ``fresh``).
+
+    Raises:
+        CorruptCheckpointError: The checkpoint does not match its checksum or cannot be read.
+        ConfigError: ``config.yaml`` was edited since the checkpoint, or the command line
+            changes the run, and ``allow_change`` is off; the message lists the differences.
+    """
+    checkpoint = run_dir / CHECKPOINT_NAME
+    if verify:  # before anything is loaded: a damaged checkpoint is refused at once
+        verify_checkpoint(checkpoint)
+    recorded = checkpoint_config(checkpoint)
+    if not (run_dir / "config.yaml").exists():
+        return None
+    saved = load_saved_config(run_dir / "config.yaml")
+    if saved.get("run_id") is None:  # saved before run ids were recorded: the directory's name
+        saved.run_id = run_dir.name
+    edits = config_edits(recorded, saved, fresh)
+    if edits and not allow_change:
+        listed = "\n".join(f"  {line}" for _, line in edits)
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'} differs from the config its checkpoint was trained with "
+            f"(edited after the checkpoint was written):\n{listed}\n"
+            "Undo the edit to continue the run as it was, pass trainer.allow_config_change=true to "
+            "continue with the edited values (the records then mix two configs), or start a new run "
+            "(another run_id, or trainer.restart=true)."
+        )
+    trained_with = OmegaConf.to_container(
+        OmegaConf.create(recorded) if recorded is not None else saved, resolve=True
+    )
+    plan = resume_config(saved, fresh, cli, saved_choices(run_dir), allow_change=allow_change)
+    now = OmegaConf.to_container(plan.config, resolve=True)
+    assert isinstance(trained_with, dict) and isinstance(now, dict)
+    plan.edits = edits
+    plan.optimizer_changes = changed_optimizer_keys(trained_with, now)
+    return plan

@@ -118,7 +118,8 @@ def test_command_line_wins_over_per_optimizer_settings():
         "forward_over_reverse",
         100,
     )
-    # a quick experiment's settings reach its paper profile through the per-optimizer file's defaults
+    # a quick experiment's settings reach its paper profile: conf/config.yaml composes the quick
+    # twin's file (fosi_lm_paper's per_optimizer_base) before the paper file
     paper = compose(["experiment=fosi_lm_paper", "optimizer=fosi_adam"])
     assert (paper.optimizer.k, paper.optimizer.ese_period, paper.optimizer.hvp_mode) == (
         10,
@@ -129,37 +130,128 @@ def test_command_line_wins_over_per_optimizer_settings():
     assert compose(["experiment=fosi_lm", "optimizer=sgd"]).optimizer == compose(["optimizer=sgd"]).optimizer
 
 
-def _experiment_parents(name: str) -> list[str]:
+def _experiment_defaults(name: str) -> list:
     import yaml
 
     cfg = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
-    return [d for d in cfg.get("defaults", []) if isinstance(d, str) and not d.startswith(("/", "_self_"))]
+    return cfg.get("defaults", [])
 
 
-def test_per_optimizer_files_follow_the_experiments():
-    """Every conf/per_optimizer/<experiment>/<optimizer>.yaml names a real experiment and optimizer;
-    an experiment inherits its parents' per-optimizer settings only through a file of its own that
-    lists the parent's file in its defaults (Hydra picks the file by the two choices), so a missing
-    one would silently drop them: each such file exists and lists exactly its parents' files."""
+def _experiment_parents(name: str) -> list[str]:
+    return [d for d in _experiment_defaults(name) if isinstance(d, str) and not d.startswith(("/", "_self_"))]
+
+
+def _per_optimizer_choice(name: str, key: str) -> str | None:
+    """The experiment's ``per_optimizer_base`` / ``per_optimizer_as`` (conf/config.yaml): named in its
+    defaults list (``optional /<key>: <experiment>``) or, failing that, inherited from a parent."""
+    for entry in _experiment_defaults(name):
+        if isinstance(entry, dict):
+            ((group, value),) = entry.items()
+            if group.split()[-1].lstrip("/") == key:
+                return value
+    for parent in _experiment_parents(name):
+        inherited = _per_optimizer_choice(parent, key)
+        if inherited is not None:
+            return inherited
+    return None
+
+
+def _per_optimizer_files() -> dict[tuple[str, str], dict]:
     import yaml
 
     root = CONF_DIR / "per_optimizer"
-    files = {(p.parent.name, p.stem) for p in root.glob("*/*.yaml")}
+    return {(p.parent.name, p.stem): yaml.safe_load(p.read_text()) or {} for p in root.glob("*/*.yaml")}
+
+
+def test_per_optimizer_files_follow_the_experiments():
+    """Every conf/per_optimizer/<experiment>/<optimizer>.yaml names a real experiment and optimizer,
+    and every experiment gets its parents' per-optimizer settings: conf/config.yaml composes the file of
+    the experiment's per_optimizer_base (or uses per_optimizer_as's files) when it is the parent;
+    otherwise a file of its own lists the parent's in its defaults. Hydra picks the files by the
+    choices alone, so a gap here would silently drop a parent's settings."""
+    files = _per_optimizer_files()
     assert files, "no per-optimizer files"
     for experiment, optimizer in files:
         assert experiment in EXPERIMENTS, f"per_optimizer/{experiment}: no such experiment"
         assert optimizer in OPTIMIZERS, f"per_optimizer/{experiment}/{optimizer}.yaml: no such optimizer"
     for experiment in EXPERIMENTS:
+        base = _per_optimizer_choice(experiment, "per_optimizer_base")
+        same_as = _per_optimizer_choice(experiment, "per_optimizer_as")
+        for name in (base, same_as):
+            assert name is None or name in EXPERIMENTS, f"{experiment}: no experiment {name}"
+        if same_as is not None:
+            assert not any(e == experiment for e, _ in files), (
+                f"{experiment} uses {same_as}'s per-optimizer files (per_optimizer_as): its own are never read"
+            )
         for parent in _experiment_parents(experiment):
+            if parent in (base, same_as):
+                continue  # conf/config.yaml composes the parent's files
             for optimizer in OPTIMIZERS:
                 if (parent, optimizer) not in files:
                     continue
-                path = root / experiment / f"{optimizer}.yaml"
-                assert path.exists(), (
-                    f"{path.relative_to(CONF_DIR)} missing: {experiment} would lose {parent}'s"
+                own = files.get((experiment, optimizer))
+                assert own is not None, (
+                    f"per_optimizer/{experiment}/{optimizer}.yaml missing: {experiment} would lose {parent}'s "
+                    f"(or name it in conf/experiment/{experiment}.yaml: - optional /per_optimizer_base: {parent})"
                 )
-                defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
-                assert f"/per_optimizer/{parent}/{optimizer}" in defaults, path
+                listed = own.get("defaults", [])
+                assert f"/per_optimizer/{parent}/{optimizer}" in listed, (experiment, optimizer)
+
+
+def test_per_optimizer_files_only_hold_changes():
+    """No per-optimizer file merely re-includes another (a *_paper file that only lists its quick twin's
+    is what per_optimizer_base replaces: conf/config.yaml composes the twin's file by itself), and no file
+    lists its experiment's per_optimizer_base file, which conf/config.yaml has composed already."""
+    for (experiment, optimizer), cfg in sorted(_per_optimizer_files().items()):
+        path = f"conf/per_optimizer/{experiment}/{optimizer}.yaml"
+        assert set(cfg) - {"defaults"}, f"{path} sets nothing of its own: delete it (see conf/config.yaml)"
+        base = _per_optimizer_choice(experiment, "per_optimizer_base")
+        if base is not None:
+            assert f"/per_optimizer/{base}/{optimizer}" not in cfg.get("defaults", []), (
+                f"{path} lists per_optimizer/{base}/{optimizer}, which its per_optimizer_base composes already"
+            )
+
+
+def test_paper_profile_falls_back_to_its_quick_twin():
+    """A *_paper experiment without a per-optimizer file of its own gets its quick twin's settings, and
+    one with a file gets the twin's first, then its own (conf/config.yaml, per_optimizer_base)."""
+    assert not (CONF_DIR / "per_optimizer" / "fosi_lm_paper" / "heavy_ball.yaml").exists()
+    quick = compose(["experiment=fosi_lm", "optimizer=heavy_ball"]).optimizer
+    paper = compose(["experiment=fosi_lm_paper", "optimizer=heavy_ball"]).optimizer
+    assert (paper.lr, paper.momentum) == (quick.lr, quick.momentum) == (0.1, 0.9)
+    # two levels: alice_c4_130m_paper's file (rank 256) over alice_c4_paper's (its per_optimizer_base),
+    # and the ablation run at 130M uses alice_c4_130m_paper's files (per_optimizer_as)
+    for experiment in ("alice_c4_130m_paper", "alice_c4_130m_ablation_paper"):
+        alice = compose([f"experiment={experiment}", "optimizer=alice"]).optimizer
+        assert (alice.rank, alice.leading, alice.lr) == (256, 40, 0.02), experiment
+        assert compose([f"experiment={experiment}", "optimizer=adam"]).optimizer.lr == 0.001, experiment
+
+
+def test_help_lists_the_groups_a_user_chooses():
+    """``src/train.py --help`` lists the experiments and optimizers (generated from conf/ when it runs)
+    and none of the per-optimizer files conf/config.yaml composes by itself."""
+    import subprocess
+    import sys
+
+    from experiments.runs import REPO_ROOT
+
+    done = subprocess.run(
+        [sys.executable, "src/train.py", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = done.stdout
+    groups = text.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    listed = {}
+    for line in groups.replace("\n    ", " ").splitlines():
+        if " (default: " in line:
+            group, rest = line.split(" (default: ", 1)
+            listed[group] = set(rest.split("): ", 1)[1].split(", "))
+    assert list(listed)[:2] == ["experiment", "optimizer"]
+    assert set(listed) == {"experiment", "optimizer", "paths", "dataset", "model", "trainer", "logger"}
+    assert listed["experiment"] == set(EXPERIMENTS) and listed["optimizer"] == set(OPTIMIZERS)
+    assert "schema" not in listed["trainer"]  # the typed schemas are Hydra's, not a choice
+    assert "per_optimizer" not in groups  # Hydra's own list had a line per conf/per_optimizer/<experiment>/
+    assert not any(f"per_optimizer/{e}" in text for e in EXPERIMENTS)
 
 
 def test_cfg_job_prints_what_runs(tmp_path):
@@ -272,27 +364,29 @@ def test_train_entrypoint_keeps_command_line_values(tmp_path):
     assert "alpha: 0.5" in saved and "alpha: 0.01" not in saved and "optimizer_variants" not in saved
 
 
-def test_trainer_defaults_have_one_source():
-    """conf/trainer/default.yaml, the schema and the loop's LoopConfig agree on every default."""
+def test_trainer_settings_have_one_source():
+    """One dataclass, TrainerConfig, is the trainer group's schema, defaults, docs and checks:
+    conf/trainer/default.yaml repeats no value, Hydra composes the class's defaults, and the checked
+    object built from the composed group is the one the loop consumes."""
     import dataclasses
+    import inspect
 
     from omegaconf import OmegaConf
 
-    from curvopt.training.loop import LoopConfig
-    from curvopt.training.schema import TrainerSchema, trainer_default
+    from curvopt.training import loop, schema
+    from curvopt.training.schema import TrainerConfig
 
     yaml_cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "trainer" / "default.yaml"))
-    yaml_cfg.pop("defaults")
-    schema = dataclasses.asdict(TrainerSchema())
-    assert yaml_cfg == schema, {
-        k: (yaml_cfg.get(k), schema.get(k))
-        for k in set(yaml_cfg) | set(schema)
-        if yaml_cfg.get(k) != schema.get(k)
-    }
-    loop = LoopConfig()
-    for f in dataclasses.fields(LoopConfig):
-        assert f.name in schema, f"LoopConfig.{f.name} is not a trainer setting"
-        assert getattr(loop, f.name) == schema[f.name], f.name
-    assert LoopConfig.from_trainer({}) == loop
+    assert yaml_cfg == {"defaults": ["schema", "_self_"]}, "the values live in TrainerConfig only"
+    composed = compose(["logger=none"]).trainer
+    assert OmegaConf.to_container(composed) == dataclasses.asdict(TrainerConfig())
+    assert TrainerConfig.from_config(composed) == TrainerConfig() == TrainerConfig.from_config({})
+    doc = inspect.getdoc(TrainerConfig)
+    for f in dataclasses.fields(TrainerConfig):
+        assert f"\n    {f.name}: " in doc, f"TrainerConfig's docstring does not document {f.name}"
+    assert inspect.signature(loop.Trainer).parameters["config"].annotation == "TrainerConfig"
+    # no second description of the settings is left
+    for gone in ("TrainerSchema", "trainer_default", "LoopConfig", "check_trainer"):
+        assert not hasattr(schema, gone) and not hasattr(loop, gone), gone
     # the list default is handed out fresh, so one run's config cannot change the next one's
-    assert trainer_default("eval_splits") is not trainer_default("eval_splits")
+    assert TrainerConfig().eval_splits is not TrainerConfig().eval_splits

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 # `curvopt` without an install. `python src/train.py` has src/ first on sys.path already; this line is for
 # experiments/gpu_smoke.py, which runs this file in-process (runpy.run_path), where nothing else adds it.
@@ -41,10 +41,49 @@ from curvopt.training.schema import register_schemas  # noqa: E402
 
 register_schemas()  # trainer/paths/logger schemas, checked when Hydra composes conf/
 
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # hydra.main's config_path below
+
 log = logging.getLogger("train")
 # exit codes of the jobs run by this process (one, or a sweep's)
 _CODES: list[int] = []
 _SEVERITY = (EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_COMPLETED)
+
+
+def help_groups(conf_dir: Path = CONF_DIR, width: int = 100) -> str:
+    """The config groups for ``--help`` (conf/hydra/help/curvopt.yaml), read from ``conf_dir``.
+
+    The groups a user chooses are the ones conf/config.yaml's defaults list picks by name (``optimizer:
+    adam``); the entries it fills in itself (``optional per_optimizer: ${...}``, ``override hydra/...``)
+    are not choices and are left out. Each group lists its files (conf/<group>/*.yaml) and its default;
+    experiment and optimizer come first.
+    """
+    import textwrap
+
+    import yaml
+
+    entries = yaml.safe_load((conf_dir / "config.yaml").read_text()).get("defaults", [])
+    chosen: dict[str, str | None] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or len(entry) != 1:
+            continue  # _self_, or a config path
+        ((group, default),) = entry.items()
+        if " " in group or "@" in group or (isinstance(default, str) and "${" in default):
+            continue  # optional / override / a package / an interpolated choice: not the user's
+        chosen[str(group)] = default
+    first = ("experiment", "optimizer")
+    order = [g for g in first if g in chosen] + [g for g in chosen if g not in first]
+    lines = []
+    for group in order:
+        options = ", ".join(sorted(p.stem for p in (conf_dir / group).glob("*.yaml")))
+        head = f"{group} (default: {chosen[group] or 'none'}): "
+        lines.append(
+            textwrap.fill(head + options, width=width, subsequent_indent="    ", break_on_hyphens=False)
+        )
+    return "\n".join(lines)
+
+
+# `python src/train.py --help` resolves ${curvopt.help_groups:} in conf/hydra/help/curvopt.yaml
+OmegaConf.register_new_resolver("curvopt.help_groups", help_groups, replace=True)
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -1,7 +1,7 @@
 """GPU smoke test: every paper experiment runs a few steps; one JSON + one Markdown table.
 
     python -m experiments.gpu_smoke                 # CUDA when present, else the same list on the CPU
-    python -m experiments.gpu_smoke --quick         # the short list (tests/test_gpu_smoke.py runs it)
+    python -m experiments.gpu_smoke --quick         # the short list (tests/experiments/test_gpu_smoke.py runs it)
     python -m experiments.gpu_smoke --only 'llama60m_*' --steps 20
     python -m experiments.gpu_smoke --list          # the entries and their commands; runs nothing
 
@@ -13,7 +13,7 @@ APOLLO in bf16, the larger LLaMA configs, one ``torchrun --nproc_per_node 1`` DD
 a subprocess: ``src/train.py`` with the experiment's Hydra overrides plus ``run_id=<entry>
 logger=none trainer.max_steps=<steps> trainer.eval_every=<steps>`` (evaluation at step 0 and at the
 end), no checkpoints, run directories under ``<out>/<device>/runs/`` (git-ignored). The test
-``tests/test_gpu_smoke.py`` checks that the list covers every ``conf/experiment/*_paper.yaml``.
+``tests/experiments/test_gpu_smoke.py`` checks that the list covers every ``conf/experiment/*_paper.yaml``.
 
 Per entry: ``pass`` / ``fail`` (with the traceback's tail) / ``skipped`` (the run stopped before
 training because its data are missing: exit code 2 of ``src/train.py``, e.g. Cars196 features,
@@ -268,7 +268,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
 )
 
-# The short list (tests/test_gpu_smoke.py, make gpu-smoke-quick): one entry per paper, cheap on a CPU.
+# The short list (tests/experiments/test_gpu_smoke.py, make gpu-smoke-quick): one entry per paper, cheap on a CPU.
 QUICK = ("shf_usps_shf_lsmr", "fgn_fig3_fgn_synthetic", "fosi_lr_fosi_hb", "llama60m_adam")
 
 

@@ -14,5 +14,5 @@ bench-optim-quick: ## the same in --quick mode, one thread, process CPU time (a 
 bench-alice: bench-optim bench-alice-throughput ## the RACS/Alice benchmarks: step cost (bench-optim) and LLaMA throughput
 
 test-alice: ## RACS/Alice paper tests: optimizers, grouping and memory, baselines, C4/LLaMA pipeline and analysis
-	$(PY) -m pytest -q tests/test_racs_optimizer.py tests/test_alice_optimizer.py tests/test_alice_grouping.py tests/test_alice_baselines.py \
-		tests/test_lm_data.py tests/test_lm_training.py tests/test_lm_analysis.py
+	$(PY) -m pytest -q tests/optim/test_racs_optimizer.py tests/optim/test_alice_optimizer.py tests/optim/test_alice_grouping.py tests/optim/test_alice_baselines.py \
+		tests/data/test_lm_data.py tests/training/test_lm_training.py tests/experiments/test_lm_analysis.py

@@ -25,7 +25,7 @@ gpu-smoke-quick: ## the short list of gpu-smoke (one entry per paper) -> smoke_q
 	$(PY) -m experiments.gpu_smoke --quick $(GPU_SMOKE_ARGS)
 
 test-gpu-smoke: ## the smoke list's tests (coverage of every *_paper experiment + the short CPU run)
-	$(PY) -m pytest -q tests/test_gpu_smoke.py
+	$(PY) -m pytest -q tests/experiments/test_gpu_smoke.py
 
 # GPU slices (docs/cluster.md, section 5): the GPU work as a queue (tools/gpu_queue.yaml) of slices
 # of one device call each; docs/gpu_ledger.md says which are done.
@@ -53,4 +53,4 @@ gpu-unpack: ## FROM=<folder>: check the manifest's sha256s, extract into results
 	$(PY) tools/gpu_slice.py unpack $(FROM) $(if $(GPU_MIN),--gpu-minutes $(GPU_MIN)) --python $(PY)
 
 test-gpu-slice: ## the slice machinery's tests (CPU: the whole path with a fake $OUT, unpack, tampering)
-	$(PY) -m pytest -q tests/test_gpu_slice.py
+	$(PY) -m pytest -q tests/tools/test_gpu_slice.py

@@ -24,4 +24,4 @@ bench-fgn: ## FGN / SGN / Adam step-time ratios at b=512, D=2048 (results/benchm
 	$(PY) -m benchmarks.bench_fgn --threads 1
 
 test-fgn: ## the FGN tests only
-	$(PY) -m pytest -q tests/test_fgn_*.py
+	$(PY) -m pytest -q tests/*/test_fgn_*.py

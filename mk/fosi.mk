@@ -34,4 +34,4 @@ bench-fosi: ## FOSI step and ESE cost vs its base optimizer (AE 2.8M, MLP 1M; th
 	$(PY) -m benchmarks.bench_fosi --clock cpu
 
 test-fosi: ## FOSI paper tests: optimizer, Lanczos/HVP, quadratics, the DNN tasks (data, models, analysis), K-FAC
-	$(PY) -m pytest -q tests/test_fosi_*.py tests/test_kfac.py
+	$(PY) -m pytest -q tests/*/test_fosi_*.py tests/optim/test_kfac.py

@@ -18,4 +18,4 @@ bench-table: ## only rebuild the cross-paper table from results/benchmarks/*.jso
 	$(PY) -m experiments.report.bench table
 
 test-report: ## report unit tests + notebook execution
-	$(PY) -m pytest -q -m "not gpu" tests/test_report.py tests/test_notebooks.py
+	$(PY) -m pytest -q -m "not gpu" tests/experiments/test_report.py tests/experiments/test_notebooks.py

@@ -42,4 +42,4 @@ bench-shf: ## SHF building blocks: LSMR iteration vs JVP+VJP, ours vs SciPy, GNÂ
 	$(PY) -m benchmarks.bench_shf --sizes 300 2000 --threads 1 --stat min
 
 test-shf: ## SHF-LSMR and HF-CG tests: LSMR, Gauss-Newton products, both algorithms, USPS/CURVES data, experiments
-	$(PY) -m pytest -q tests/test_shf_*.py tests/test_hfcg_*.py tests/test_data_curves_usps.py
+	$(PY) -m pytest -q tests/*/test_shf_*.py tests/*/test_hfcg_*.py tests/data/test_data_curves_usps.py

@@ -17,8 +17,8 @@ and optax's ``_common_test.py`` (one contract run over every optimizer). A :clas
   ``sparse_supported``, and per property a ``skips`` reason (cannot hold by design) or an
   ``xfails`` reason (does not hold in code this repository must not patch; strict).
 
-Two suites read it: ``tests/test_optim_conformance.py`` (every export as a torch citizen: the
-properties :data:`PROPERTIES`) and ``tests/test_contract.py`` (every case through the loop's
+Two suites read it: ``tests/optim/test_optim_conformance.py`` (every export as a torch citizen: the
+properties :data:`PROPERTIES`) and ``tests/optim/test_contract.py`` (every case through the loop's
 protocol: the clauses :data:`CLAUSES`). Shared code lives here: the tiny problems, the builders and
 :func:`round_trip` (a state-dict round trip, used by both suites).
 """
@@ -223,7 +223,7 @@ NOT_TORCH = {
     "scheduler_linear": ALGORITHM + "no param_groups for an LR scheduler (lr is a constructor option)",
     "sparse_grad": ALGORITHM + "gradients are computed inside step, always dense",
     "compile": ALGORITHM + "step(batch) is host-synchronising Python (CG/LSMR loops, line searches); "
-    "FGN has its own compile=True flag for the closed-form solve (tests/test_fgn_solvers.py)",
+    "FGN has its own compile=True flag for the closed-form solve (tests/optim/test_fgn_solvers.py)",
 }
 SAME_CLASS = (
     "returns an instance of a class compiled under its own entry ({}); compiling it again adds only time"
@@ -292,7 +292,7 @@ def _matrix_groups(params: list[nn.Parameter]) -> list[dict[str, Any]]:
 ALICE = {"rank": 2, "update_interval": 2, "leading": 1}
 # one ESE, before step 2 (copies, loads and lr changes are tested on both sides of it);
 # hvp_reuse=False: the linearised product costs a torch.fx trace (~0.5 s) per ESE, and the
-# products are the same maths (tests/test_fosi_optimizer.py covers the default path)
+# products are the same maths (tests/optim/test_fosi_optimizer.py covers the default path)
 FOSI_OPTS = {"k": 2, "ese_period": None, "ese_warmup": 2, "hvp_reuse": False}
 FOSI_DATA = make_data()
 
@@ -759,7 +759,7 @@ BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 EXPORTS: dict[str, Case] = {c.name: c for c in CASES if c.exported}
 
 # the flat views the conformance suite reads (its properties; the contract reads case.skips and
-# case.xfails for its clauses, and tests/test_contract.py checks every key of every case)
+# case.xfails for its clauses, and tests/optim/test_contract.py checks every key of every case)
 SKIPS: dict[tuple[str, str], str] = {
     (c.name, p): r for c in CASES for p, r in c.skips.items() if p not in CLAUSES
 }

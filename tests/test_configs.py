@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF_DIR, compose
 
 from curvopt.errors import DataNotFoundError
 from curvopt.objective import Objective
 from curvopt.training.build import build_algorithm, build_data, build_model, call_target
+from tests.conftest import CONF_DIR, compose
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 OPTIMIZERS = sorted(p.stem for p in (CONF_DIR / "optimizer").glob("*.yaml"))

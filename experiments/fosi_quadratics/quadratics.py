@@ -5,7 +5,7 @@ The authors' quadratic scripts do not call their optimizer library. They use sho
 in which the Newton part carries an EMA momentum with α = 1 (FOSI-HB: mn ← βmn + (1−β)·nd), and
 FOSI-GD/-HB take the base learning rate times λ̂₁/λ̂₁₀ (c = ∞). These rules are the library's
 ``variant="quadratic"`` (``curvopt.optim.fosi.VARIANTS``): EMA Newton momentum, α = 1, c = ∞;
-tests/test_fosi_quadratics.py checks that the library FOSI and this engine give the same
+tests/experiments/test_fosi_quadratics.py checks that the library FOSI and this engine give the same
 trajectories. The engine exists because the sweeps need ~15,000 runs of 200 iterations: here a
 whole sweep advances as one batch of matrix products, which takes seconds on two cores.
 

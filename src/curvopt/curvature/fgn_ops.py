@@ -14,7 +14,7 @@ This module holds the pieces both FGN implementations share:
 * input checks run before any update (labels in range, C ≥ 2, finite logits),
 * ``linear_maps``: JVP and VJP closures of a map from one linearisation, shared with SGN.
 
-Dense float64 references for every identity live in ``tests/test_fgn_identities.py``.
+Dense float64 references for every identity live in ``tests/curvature/test_fgn_identities.py``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ deliberate changes:
   (O(n)) and then makes one classical Gram-Schmidt pass, repeating it only when the pass removed
   more than 1/√2 of the norm (Daniel-Gragg-Kaufman-Stewart: "twice is enough", and once is
   enough when nothing cancels). That halves the re-orthogonalisation cost again with the same
-  orthogonality to working precision (tests/test_fosi_lanczos.py compares both with eigh).
+  orthogonality to working precision (tests/curvature/test_fosi_lanczos.py compares both with eigh).
 * **Partial re-orthogonalisation** (``reorth="partial"``, FOSI's default; H. D. Simon, "The
   Lanczos algorithm with partial reorthogonalization", Math. Comp. 42 (1984) 115-142, the scheme
   PROPACK (Larsen) uses). Full orthogonality is more than Lanczos needs: Simon showed that if the

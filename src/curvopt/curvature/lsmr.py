@@ -10,7 +10,7 @@ Why our own solver instead of ``scipy.sparse.linalg.lsmr``:
 
 The recurrences, including the estimates of ‖r̄‖ (extra rotations on β̈/β̂/τ̃), ‖Ā‖, cond(Ā) and
 ‖Āᵀr̄‖ = |ζ̄|, follow Fong & Saunders' paper as SciPy implements them, so with merit stopping off the
-iterates, ``istop`` and ``itn`` match SciPy's (tests/test_shf_lsmr.py). All recurrence scalars are
+iterates, ``istop`` and ``itn`` match SciPy's (tests/curvature/test_shf_lsmr.py). All recurrence scalars are
 python floats (float64) whatever the vector dtype: the bidiagonalisation accumulates round-off and
 the paper ran in Float64.
 

@@ -29,7 +29,7 @@ comparison inherits (quirks kept; docs/decisions.md, RACS-19):
 
 The projector objects live in the optimizer state (pickled by ``state_dict``, as upstream).
 
-Where the upstream classes fall short of a ``torch.optim`` citizen (tests/test_optim_conformance.py
+Where the upstream classes fall short of a ``torch.optim`` citizen (tests/optim/test_optim_conformance.py
 marks each gap), we wrap at construction and document the rest rather than patch their code:
 
 * **hyper-parameters**: upstream accepts ``lr=nan`` (and NaN/inf betas, ε, weight decay); our

@@ -10,7 +10,7 @@ batch (``trainer.batch_size``, e.g. 512 sequences) from one seeded sampler on ev
 rank takes its contiguous chunk (:func:`shard_slice`), and DDP averages the gradients. With
 gradient accumulation over micro-batches of equal size, rank ``r``'s micro-batch ``k`` is the
 single-process run's micro-batch ``r·A + k``, so an N-process run equals a 1-process run with the
-same global batch up to float summation order (tested in tests/test_ddp.py).
+same global batch up to float summation order (tested in tests/training/test_ddp.py).
 
 A run joins the process group once, before its run directory is chosen (:func:`init_distributed`:
 rank 0's generated run id is broadcast), and wraps its parts once they are built

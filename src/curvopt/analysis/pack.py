@@ -2,6 +2,7 @@
 
     python -m curvopt.analysis.pack results/fosi_quadratics         # every experiment below it
     python -m curvopt.analysis.pack results/fgn_fig2 --keep          # write the pack, keep the run dirs
+    python -m curvopt.analysis.pack --move results/a/run_x results/b/run_y   # move one run's records
 
 The loose layout is one directory per run, ``<exp>/<run_id>/{config.yaml, metrics.jsonl,
 summary.json}``. The packed layout of the same experiment is
@@ -29,6 +30,7 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,7 +165,7 @@ def packed_run_frame(exp_dir: str | Path, run: dict[str, Any] | str) -> pd.DataF
     columns = [c for c in run.get("columns") or m.table.column_names if c != "run_id"]
     frame = m.table.select(columns).slice(start, length).to_pandas()
     for col in m.json_columns.intersection(columns):
-        frame[col] = [json.loads(v) if v is not None else None for v in frame[col]]
+        frame[col] = [json.loads(v) if isinstance(v, str) else None for v in frame[col]]  # NaN: not logged
     return frame
 
 
@@ -240,7 +242,9 @@ class PackResult:
     bytes_after: int
 
 
-def pack_experiment(exp_dir: str | Path, remove: bool = True, compression: str = "zstd") -> PackResult:
+def pack_experiment(
+    exp_dir: str | Path, remove: bool = True, compression: str = "zstd", drop: Collection[str] = ()
+) -> PackResult:
     """Fold the loose runs of ``exp_dir`` (and an existing pack) into ``metrics.parquet`` + ``runs.jsonl``.
 
     The pack is checked against the files before the packed runs' files are deleted. A loose
@@ -251,6 +255,7 @@ def pack_experiment(exp_dir: str | Path, remove: bool = True, compression: str =
         exp_dir: The experiment directory.
         remove: Delete the packed runs' record files (and then-empty run directories).
         compression: Parquet compression (``"zstd"``, ``"snappy"``, ``"gzip"``, ``"none"``).
+        drop: Run ids to leave out of the new pack (packed runs only; :func:`move_run` uses it).
 
     Returns:
         A :class:`PackResult`.
@@ -263,6 +268,8 @@ def pack_experiment(exp_dir: str | Path, remove: bool = True, compression: str =
     runs: dict[str, dict[str, Any]] = {}
     rows_of: dict[str, list[dict[str, Any]]] = {}
     for old in read_packed_runs(exp_dir):
+        if old["run_id"] in drop:
+            continue
         runs[old["run_id"]] = old
         frame = packed_run_frame(exp_dir, old)
         # a missing value and a logged NaN read the same (NaN), so both are stored as missing
@@ -291,6 +298,9 @@ def pack_experiment(exp_dir: str | Path, remove: bool = True, compression: str =
         packed_dirs.append(run_dir)
         bytes_before += sum((run_dir / f).stat().st_size for f in RECORD_FILES if (run_dir / f).exists())
     if not runs:
+        for f in (PACKED_METRICS, PACKED_RUNS):  # every packed run was dropped
+            if drop and (exp_dir / f).exists():
+                (exp_dir / f).unlink()
         return PackResult(exp_dir, 0, 0, 0, skipped, 0, 0)
     order = sorted(runs)
     all_columns: list[str] = []
@@ -356,6 +366,97 @@ def _verify(exp_dir: Path, run_dirs: list[Path]) -> None:
                     raise AssertionError(f"{run_dir} row {i} {k}: {v!r} in metrics.jsonl, {got!r} packed")
 
 
+def _loose_rows(exp_dir: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A packed run's metrics rows as its metrics.jsonl held them (missing keys left out)."""
+    m = _packed_metrics(exp_dir)
+    if m is None or entry["run_id"] not in m.spans:
+        return []
+    start, length = m.spans[entry["run_id"]]
+    columns = [c for c in entry.get("columns") or m.table.column_names if c != "run_id"]
+    rows = []
+    for r in m.table.select(columns).slice(start, length).to_pylist():  # arrow keeps ints as ints
+        row = {}
+        for k in columns:  # the run's own key order
+            v = r[k]
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                continue  # the pack stores a logged NaN as missing (pack_experiment)
+            if k in m.json_columns:
+                v = json.loads(v)
+            elif isinstance(v, float) and math.isinf(v):
+                v = "inf" if v > 0 else "-inf"  # as the run logger writes non-finite numbers
+            row[k] = v
+        rows.append(row)
+    return rows
+
+
+def move_run(src: str | Path, dst: str | Path) -> Path:
+    """Move one run's records to another experiment directory and/or run id (loose or packed).
+
+    For curating records when a default changes: the run that used to be a reading becomes the
+    default's record, or the other way round. The records are written as a loose run directory at
+    ``dst`` with ``run_id`` set to the new name in ``summary.json`` and ``config.yaml``, and
+    ``summary.json`` gains ``moved_from`` (the old ``<experiment>/<run_id>``); every other file of
+    the run directory (``overrides.yaml``, the command line as run, included) moves unchanged. The
+    source pack is rewritten without the run. Pack the destination afterwards if it is packed.
+
+    Args:
+        src: ``<experiment dir>/<run_id>`` of the run (a loose run directory or a packed run).
+        dst: ``<experiment dir>/<new run_id>``; it must not exist, loose or packed.
+
+    Returns:
+        The new run directory.
+
+    Raises:
+        FileNotFoundError: ``src`` is neither a finished loose run nor a packed run.
+        FileExistsError: ``dst`` already exists (as a directory or in the destination's pack).
+    """
+    src, dst = Path(src), Path(dst)
+    src_exp, old_id, new_id = src.parent, src.name, dst.name
+    if dst.exists() or any(r["run_id"] == new_id for r in read_packed_runs(dst.parent)):
+        raise FileExistsError(f"{dst} already exists: choose another run id or move that run first")
+    packed = {r["run_id"]: r for r in read_packed_runs(src_exp)}
+    loose = (src / "metrics.jsonl").exists() and (src / "summary.json").exists()
+    if not loose and old_id not in packed:
+        raise FileNotFoundError(f"{src}: no finished run there (no summary.json and not in {PACKED_RUNS})")
+    if (src / "run.lock").exists():
+        raise FileExistsError(f"{src} is locked by a live run: stop it first")
+    if loose:
+        summary, config = _json_load(src / "summary.json"), _yaml_load(src / "config.yaml")
+        rows = read_metrics(src / "metrics.jsonl")
+    else:
+        entry = packed[old_id]
+        summary, config, rows = (
+            dict(entry["summary"]),
+            dict(entry["config"] or {}),
+            _loose_rows(src_exp, entry),
+        )
+    summary["run_id"] = new_id
+    summary["moved_from"] = f"{src_exp.name}/{old_id}"
+    if isinstance(config, dict) and "run_id" in config:
+        config["run_id"] = new_id
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{new_id}.moving")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    if src.is_dir():
+        shutil.copytree(src, tmp)
+    else:
+        tmp.mkdir()
+    (tmp / "summary.json").write_text(
+        json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
+    )
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    with (tmp / "metrics.jsonl").open("w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, allow_nan=False) + "\n")
+    tmp.rename(dst)
+    if not loose:
+        pack_experiment(src_exp, drop=(old_id,))
+    if src.is_dir():
+        shutil.rmtree(src)
+    return dst
+
+
 def experiments_under(path: str | Path) -> list[Path]:
     """The experiment directories at or directly below ``path``.
 
@@ -387,10 +488,30 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", nargs="+", type=Path, help="an experiment directory, or a folder of them")
+    parser.add_argument("paths", nargs="*", type=Path, help="an experiment directory, or a folder of them")
+    parser.add_argument(
+        "--move",
+        nargs=2,
+        action="append",
+        type=Path,
+        default=[],
+        metavar=("SRC", "DST"),
+        help="move the run SRC (<experiment dir>/<run_id>, loose or packed) to DST under a new experiment "
+        "and/or run id (see move_run); repeatable; done before packing PATHS",
+    )
     parser.add_argument("--keep", action="store_true", help="write the pack but keep the run directories")
     parser.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "none"])
     args = parser.parse_args(argv)
+    if not args.paths and not args.move:
+        parser.error("give an experiment directory to pack, or --move SRC DST")
+    for src, dst in args.move:
+        try:
+            print(f"moved {src} -> {move_run(src, dst)}")
+        except (FileNotFoundError, FileExistsError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if not args.paths:
+        return 0
     found = False
     for path in args.paths:
         for exp in experiments_under(path):

@@ -110,8 +110,11 @@ def environment_info(device: torch.device) -> dict[str, Any]:
         device: The run's device.
 
     Returns:
-        ``device``, ``device_name``, ``num_threads``, ``python``, ``torch``, ``numpy``,
-        ``platform``.
+        ``device``, ``device_name``, ``num_threads``, ``python``, ``torch``, ``cuda`` (the CUDA
+        version torch was built with; ``None`` for a CPU build), ``float32_matmul_precision``,
+        ``numpy``, ``platform``; on a CUDA device also ``cudnn`` and the TF32 switches
+        ``tf32_matmul`` / ``tf32_cudnn`` as the run started (a record says whether its float32
+        products ran in TF32).
     """
     import numpy
 
@@ -123,9 +126,17 @@ def environment_info(device: torch.device) -> dict[str, Any]:
         "num_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "numpy": numpy.__version__,
         "platform": platform.platform(),
     }
+    if device.type == "cuda":
+        info.update(
+            cudnn=torch.backends.cudnn.version(),
+            tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+            tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
+        )
     return info
 
 

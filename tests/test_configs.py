@@ -275,7 +275,9 @@ def test_cfg_job_prints_what_runs(tmp_path):
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     printed = yaml.safe_load(done.stdout)
-    assert printed["trainer"]["max_steps"] == 500 and printed["model"]["loss"] == "sigmoid_bce"
+    # USPS's HF-CG trains SHF's network (docs/decisions.md SHF-16), stopped by SHF's patience rule
+    assert printed["trainer"]["max_steps"] == 500 and printed["trainer"]["patience_evals"] == 75
+    assert printed["model"]["loss"] == "squared_error" and printed["optimizer"]["weight_cost"] == 0
     assert printed["optimizer"]["numchunks"] == 4 and "optimizer_variants" not in printed
 
 

@@ -14,7 +14,14 @@ from experiments.shf import readings
 
 
 def _run(
-    root: Path, run_id: str, method: str, opt: dict, rows: list[dict], best: dict, seed: int = 0
+    root: Path,
+    run_id: str,
+    method: str,
+    opt: dict,
+    rows: list[dict],
+    best: dict,
+    seed: int = 0,
+    model: dict | None = None,
 ) -> None:
     run = root / "shf_fig2_usps" / run_id
     run.mkdir(parents=True)
@@ -23,6 +30,7 @@ def _run(
         "seed": seed,
         "dataset": {"name": "usps", "num_train": 8000},
         "optimizer": {"name": method, **opt},
+        **({"model": model} if model else {}),
     }
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -68,6 +76,58 @@ def test_reading_label_fills_flags_older_records_lack_with_the_constructor_defau
     )
     run = {**base, "cfg.optimizer.variance_gradients": "summand", "cfg.model.code_activation": None}
     assert readings.reading_label(run, base, "shf_lsmr") == "variance_gradients=summand, code_activation=None"
+
+
+def test_a_record_older_than_the_damping_center_flag_ran_warm_start() -> None:
+    """damping_center's default changed from warm_start to zero (docs/decisions.md SHF-4): a record
+    made before the flag existed ran warm_start, not today's constructor default."""
+    base = {"cfg.optimizer.damping_center": "zero"}
+    assert readings.reading_label({}, base, "shf_lsmr") == "damping_center=warm_start"
+    assert readings.reading_label({"cfg.optimizer.damping_center": "zero"}, base, "shf_lsmr") == "default"
+    # the base itself may be an old record: both sides are filled the same way
+    assert readings.reading_label({"cfg.optimizer.damping_center": "warm_start"}, {}, "shf_lsmr") == "default"
+
+
+def test_hf_cg_references_per_network(tmp_path: Path) -> None:
+    """SHF / HF-CG on each network: the completed HF-CG reading of that network with the most seeds."""
+    shf_net = {"loss": "squared_error", "code_activation": "sigmoid"}
+    martens_net = {"loss": "sigmoid_bce", "code_activation": None}
+    _run(
+        tmp_path,
+        "shf_lsmr_paper_s0",
+        "shf_lsmr",
+        {"max_batch_size": 2000},
+        _rows([2, 1], [3, 2.2], [200, 2000]),
+        {"train/f": 1.0, "test/f": 2.2},
+        model=shf_net,
+    )
+    for s, test in ((0, 2.0), (1, 2.2)):  # the default HF-CG: SHF's network
+        _run(
+            tmp_path,
+            f"hf_cg_paper_s{s}",
+            "hf_cg",
+            {},
+            _rows([2, 1], [3, test], None),
+            {"train/f": 1.0, "test/f": test},
+            seed=s,
+            model=shf_net,
+        )
+    audit = tmp_path / "shf_audit"
+    _run(
+        audit,
+        "hf_cg_paper_s0_martens_net",
+        "hf_cg",
+        {"weight_cost": 2e-5},
+        _rows([2, 1], [3, 1.6], None),
+        {"train/f": 0.9, "test/f": 1.6},
+        model=martens_net,
+    )
+    runs = readings.collect(tmp_path, "usps")
+    assert dict(zip(runs["run_id"], runs["network"]))["hf_cg_paper_s0_martens_net"] == "martens"
+    table = readings.readings_table(runs, "usps").set_index(["method", "reading"])
+    d = table.loc[("shf_lsmr", "default")]
+    assert d["vs_hf_cg"] == pytest.approx(2.2 / 2.1) and d["vs_hf_cg_same_net"] == pytest.approx(2.2 / 2.1)
+    assert d["vs_hf_cg_martens_net"] == pytest.approx(2.2 / 1.6)
 
 
 def test_collect_and_table_from_records(tmp_path: Path) -> None:

@@ -224,9 +224,10 @@ class SHF:
             ``"literal"``: ``d = y``, as Algorithm 1 is printed.
         warm_start: ``"param"``: ``y0 = γ·d_prev / c_new`` (the previous solution in parameter
             space, re-expressed with the new preconditioner); ``"y"``: ``y0 = γ·y_prev``.
-        damping_center: ``"warm_start"``: LSMR damps ``λ²‖y − y0‖²`` (Eq. (19), Algorithm 6,
-            SciPy's ``x0``); ``"zero"``: ``λ²‖y‖²`` (Algorithm 1's normal equations, y0 only a
-            starting point).
+        damping_center: ``"zero"`` (default): LSMR damps ``λ²‖y‖²`` (Algorithm 1's normal
+            equations; the warm start ``y0`` is only where LSMR starts, as Section 4.5 and Martens &
+            Sutskever describe it); ``"warm_start"``: ``λ²‖y − y0‖²`` (Eq. (19), Algorithm 6, SciPy's
+            ``x0``). docs/decisions.md SHF-4 has the runs of both.
         return_best: LSMR returns its best-merit iterate instead of the last one.
         variance_norm_power: 1: the paper's unsquared ``‖∇f_S‖`` in the variance test; 2: Byrd et
             al.'s squared norm. Both n̂ are logged; this picks the one that drives n.
@@ -279,7 +280,7 @@ class SHF:
         precon_sqrt: bool = True,
         step_space: str = "scaled",
         warm_start: str = "param",
-        damping_center: str = "warm_start",
+        damping_center: str = "zero",
         return_best: bool = False,
         variance_norm_power: int = 1,
         variance_gradients: str = "example",

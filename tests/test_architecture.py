@@ -94,3 +94,33 @@ def test_the_library_does_not_know_the_checkout_layout() -> None:
         if "parents[" in line and not line.lstrip().startswith("#")
     ]
     assert not hits, hits
+
+
+# Test files that check the repository as a whole, or a module at the package top, stay in tests/.
+TOP_LEVEL_TESTS = {
+    "test_api.py",  # curvopt/api.py
+    "test_objective.py",  # curvopt/objective.py
+    "test_architecture.py",
+    "test_configs.py",
+    "test_packaging.py",
+    "test_readme_examples.py",
+}
+
+
+def test_the_test_tree_mirrors_the_code() -> None:
+    """tests/<folder>/ is a curvopt subpackage, experiments/ or tools/, so a newcomer finds a module's
+    tests where the module is (issue 29, item 6)."""
+    tests = ROOT / "tests"
+    allowed = {p.name for p in (ROOT / "src" / "curvopt").iterdir() if (p / "__init__.py").exists()}
+    allowed |= {"experiments", "tools"}
+    misplaced = []
+    for path in sorted(tests.rglob("test_*.py")):
+        rel = path.relative_to(tests)
+        if len(rel.parts) == 1:
+            if rel.name not in TOP_LEVEL_TESTS:
+                misplaced.append(f"{rel}: move it under tests/<the package it tests>/")
+        elif rel.parts[0] not in allowed:
+            misplaced.append(f"{rel}: tests/{rel.parts[0]}/ mirrors no curvopt package")
+        elif not (tests / rel.parts[0] / "__init__.py").exists():
+            misplaced.append(f"{rel}: tests/{rel.parts[0]}/ needs an __init__.py (unique module names)")
+    assert not misplaced, "\n".join(misplaced)

@@ -50,7 +50,9 @@ METHODS = ("shf_lsmr", "hf_cg")
 FINISHED = ("completed", "diverged")  # as experiments.shf.figures.FINISHED
 
 
-def _shf_runs(ctx: Context, dataset: str, both_methods: bool = False) -> tuple[str, pd.DataFrame]:
+def _shf_runs(
+    ctx: Context, dataset: str, both_methods: bool = False, method: str | None = None
+) -> tuple[str, pd.DataFrame]:
     """The profile one dataset is judged at, and its finished runs at that profile.
 
     Args:
@@ -59,6 +61,8 @@ def _shf_runs(ctx: Context, dataset: str, both_methods: bool = False) -> tuple[s
         both_methods: For items that compare SHF-LSMR with Martens' HF-CG: judge at the paper
             profile only once both have a finished paper-profile run (until then, at the quick
             profile, with the paper runs in progress named in a note).
+        method: For items about one method (Figure 3: SHF's batch): pick the profile from that
+            method's finished runs only.
 
     Returns:
         ``(profile, summaries)``: ``paper`` when a finished paper-profile run exists (of both
@@ -69,8 +73,11 @@ def _shf_runs(ctx: Context, dataset: str, both_methods: bool = False) -> tuple[s
         NotRun: No finished run under ``results/shf_fig2_<dataset>/``.
     """
     sums = finished_summaries(ctx.results, f"shf_fig2_{dataset}")
+    if method is not None and not sums.empty and "optimizer" in sums:
+        sums = sums[sums["optimizer"] == method].reset_index(drop=True)
     if sums.empty:
-        raise NotRun(f"no finished runs under results/shf_fig2_{dataset}/")
+        what = f"{method} " if method else ""
+        raise NotRun(f"no finished {what}runs under results/shf_fig2_{dataset}/")
     profiles = sums.get("cfg.profile", pd.Series(dtype=object)).dropna()
     if both_methods and "optimizer" in sums:
         paper_methods = set(sums.loc[sums["cfg.profile"] == "paper", "optimizer"])
@@ -194,6 +201,13 @@ def shf_table2(dataset: str) -> Callable[[Context], ItemResult]:
             notes.append(
                 "only one method has finished paper-profile runs: the SHF-vs-Martens claim is not checked yet"
             )
+        if "cfg.model.loss" in sums and "optimizer" in sums:
+            hf_losses = set(sums.loc[sums["optimizer"] == "hf_cg", "cfg.model.loss"].dropna())
+            if hf_losses:
+                net = "SHF's network (logistic code and output layers, squared error, no weight cost)"
+                if hf_losses != {"squared_error"}:
+                    net = "Martens' network (linear code layer, cross-entropy, weight cost 2e-5)"
+                notes.append(f"{dataset}: HF-CG trains {net} (docs/decisions.md SHF-16)")
         notes += [
             "Errors: E_sq = mean over examples of the summed squared pixel error, f = E_sq/2 (the paper's "
             "objective, mean ½‖x̂ − x‖²); the paper does not say which its 'error' is. Compared with the "
@@ -317,7 +331,7 @@ def shf_fig3(dataset: str) -> Callable[[Context], ItemResult]:
     """
 
     def evaluate(ctx: Context) -> ItemResult:
-        profile, sums = _shf_runs(ctx, dataset)
+        profile, sums = _shf_runs(ctx, dataset, method="shf_lsmr")
         runs = load_runs(ctx.results, f"shf_fig2_{dataset}", status="completed")
         n_max = {}
         if not sums.empty and "cfg.optimizer.max_batch_size" in sums:
@@ -367,6 +381,7 @@ def shf_fig3(dataset: str) -> Callable[[Context], ItemResult]:
                 f"Judged on (docs/decisions.md SHF-28): never shrinks; grows to ≥ {GROWTH_MIN_FACTOR}·n_1; "
                 f"less than half of the growth done by {GROWTH_EARLY_SHARE:.0%} of the run time; time-averaged "
                 f"batch ≤ {GROWTH_MEAN_SHARE}·n_max. A jump to n_max at t ≈ 0 fails the last two.",
+                *_in_progress_note(ctx, dataset, profile),
             ],
             provenance=provenance(sums),
         )

@@ -75,6 +75,17 @@ GROWTH_MEAN_SHARE = 0.5
 
 _NAN = object()  # a flattened key that a record does not have (pandas fills it with NaN)
 
+# The two autoencoder networks HF-CG is run on (docs/decisions.md SHF-16), told apart by the loss.
+NETWORKS = {
+    "shf": "SHF's network (logistic code and output layers, squared error, no weight cost)",
+    "martens": "Martens' network (linear code layer, cross-entropy, weight cost 2e-5)",
+}
+
+
+def network_of(loss: Any) -> str:
+    """``"shf"`` for a run whose recorded ``model.loss`` is the squared error, else ``"martens"``."""
+    return "shf" if loss == "squared_error" else "martens"
+
 
 def _value(v: Any) -> Any:
     """NaN (pandas' missing) as None."""
@@ -332,8 +343,7 @@ def collect(results: Path, dataset: str, profile: str = "paper") -> pd.DataFrame
             row = run_row(frame, summ.to_dict(), dataset, n_max)
             cfg = _config(summ)
             row.update(method=method, reading=reading_label(cfg, base[method], method), source=src)
-            # which network: SHF's (logistic everywhere, squared error) or Martens' (cross-entropy)
-            row["network"] = "shf" if cfg.get("cfg.model.loss") == "squared_error" else "martens"
+            row["network"] = network_of(cfg.get("cfg.model.loss"))
             rows.append(row)
     return pd.DataFrame(rows)
 

@@ -37,8 +37,10 @@ from experiments.shf.readings import (
     GROWTH_EARLY_SHARE,
     GROWTH_MEAN_SHARE,
     GROWTH_MIN_FACTOR,
+    NETWORKS,
     batch_at_shares,
     gradual_growth,
+    network_of,
 )
 from experiments.shf.work import work_comparison
 
@@ -202,12 +204,11 @@ def shf_table2(dataset: str) -> Callable[[Context], ItemResult]:
                 "only one method has finished paper-profile runs: the SHF-vs-Martens claim is not checked yet"
             )
         if "cfg.model.loss" in sums and "optimizer" in sums:
-            hf_losses = set(sums.loc[sums["optimizer"] == "hf_cg", "cfg.model.loss"].dropna())
-            if hf_losses:
-                net = "SHF's network (logistic code and output layers, squared error, no weight cost)"
-                if hf_losses != {"squared_error"}:
-                    net = "Martens' network (linear code layer, cross-entropy, weight cost 2e-5)"
-                notes.append(f"{dataset}: HF-CG trains {net} (docs/decisions.md SHF-16)")
+            losses = sums.loc[sums["optimizer"] == "hf_cg", "cfg.model.loss"].dropna()
+            nets = sorted({network_of(loss) for loss in losses})
+            if nets:
+                trains = " and ".join(NETWORKS[n] for n in nets)
+                notes.append(f"{dataset}: HF-CG trains {trains} (docs/decisions.md SHF-16)")
         notes += [
             "Errors: E_sq = mean over examples of the summed squared pixel error, f = E_sq/2 (the paper's "
             "objective, mean ½‖x̂ − x‖²); the paper does not say which its 'error' is. Compared with the "

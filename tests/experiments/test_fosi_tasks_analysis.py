@@ -219,3 +219,22 @@ def test_every_planned_run_config_composes():
                 assert not extra, f"{path.relative_to(conf)} sets undeclared {sorted(extra)}"
                 checked += 1
     assert checked >= 60
+
+
+def test_ae_lbfgs_that_did_not_diverge_is_drawn(tmp_path):
+    """The paper leaves AE's L-BFGS out because it diverged; a run of ours that did not diverge
+    is drawn, and the note says so (a TL-style omission for other reasons stays an omission)."""
+    task = analysis.TASKS["ae"]
+    rows = [{"step": 0, "epoch": 0.0, "algo_time_s": 0.0, "wall_time_s": 0.0, "val/E_sq": 200.0}]
+    for s in range(1, 9):
+        rows.append({"step": s, "epoch": s / 4, "algo_time_s": s, "wall_time_s": s, "loss": 100.0 / s})
+        if s % 4 == 0:
+            rows[-1]["val/E_sq"] = 200.0 / s
+    for opt in ("fosi_heavy_ball", "kfac"):
+        _write_run(tmp_path, "fosi_ae", f"{opt}_quick_s0", opt, rows)
+    _write_run(tmp_path, "fosi_ae", "lbfgs_quick_s0_L10", "lbfgs", rows)
+    runs = analysis.load_task(tmp_path, task, "quick")
+    _, notes = figures.figure6(task, runs, "quick", "algo", tmp_path / "f6.png")
+    assert any("L-BFGS (L=10) drawn" in n and "did not diverge" in n for n in notes)
+    _, notes = figures.figure6(task, runs, "quick", "algo", tmp_path / "f6b.png", paper_omissions=False)
+    assert not any("L-BFGS" in n for n in notes)

@@ -602,3 +602,65 @@ def test_factory_clips_gradients_element_wise_before_fosi(tmp_path):
         for experiment in ("fosi_ae", "fosi_ae_paper"):
             ae = compose([f"experiment={experiment}", f"optimizer={opt}"])
             assert ae.optimizer[key] == 0.5
+
+
+@pytest.mark.parametrize("base", ["hb", "adam", "nesterov", "gd"])
+def test_state_dict_just_before_an_ese_drops_the_basis_and_continues_bitwise(base):
+    """Taken just before an ESE step, the state dict holds no V̂ (the ESE replaces it), only the
+    materialised Newton velocity: a run stopped at an ESE boundary checkpoints (k+ℓ)× less of
+    FOSI's own state, and a load still continues bit for bit."""
+    x_all = _mlp_problem()[1:]
+
+    def make(model):
+        return FOSI(
+            BASES[base](model.parameters()),
+            _ce,
+            (x_all[0][:32], x_all[1][:32]),
+            model=model,
+            k=3,
+            ese_period=3,
+            ese_warmup=1,
+            hvp_mode="reverse_over_reverse",
+        )
+
+    model, x, y = _mlp_problem()
+    fosi = make(model)
+    _hb_steps(fosi, model, x, y, 12, 0)  # ESEs before steps 1, 4, 7, 10
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    model2, _, _ = _mlp_problem()
+    fosi2 = make(model2)
+    _hb_steps(fosi2, model2, x, y, 6, 0)
+    full = fosi2.state_dict()["fosi"]
+    assert full["V"] is not None and not full.get("basis_dropped_before_ese")  # step 6: no ESE due
+    _hb_steps(fosi2, model2, x, y, 1, 6)
+    assert fosi2.ese_due()  # the next step (7) runs an ESE
+    saved = copy.deepcopy(fosi2.state_dict())
+    assert saved["fosi"]["V"] is None and saved["fosi"]["basis_dropped_before_ese"]
+    numel = sum(v.numel() for v in saved["fosi"].values() if isinstance(v, torch.Tensor))
+    assert numel < sum(v.numel() for v in full.values() if isinstance(v, torch.Tensor)) / 2
+
+    weights = {k: v.clone() for k, v in model2.state_dict().items()}
+    model3, _, _ = _mlp_problem(seed=5)
+    model3.load_state_dict(weights)
+    fosi3 = make(model3)
+    fosi3.load_state_dict(saved)
+    _hb_steps(fosi3, model3, x, y, 5, 7)
+    assert all(torch.equal(a, b) for a, b in zip(expected, model3.parameters()))
+
+
+def test_state_dict_before_an_ese_keeps_the_basis_when_a_failed_ese_keeps_it():
+    model, x, y = _mlp_problem()
+    fosi = FOSI(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        _ce,
+        (x[:32], y[:32]),
+        model=model,
+        k=3,
+        ese_period=3,
+        ese_warmup=1,
+        hvp_mode="reverse_over_reverse",
+        on_ese_failure="keep",
+    )
+    _hb_steps(fosi, model, x, y, 4, 0)
+    assert fosi.ese_due() and fosi.state_dict()["fosi"]["V"] is not None

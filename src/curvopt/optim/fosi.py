@@ -917,8 +917,10 @@ class FOSI(Optimizer):
             ``torch.optim``'s layout, the base's ``{"state": ..., "param_groups": ...}``, with one
             extra key ``"fosi"`` holding the step counter, ESE count, V̂, λ̂, the Newton velocity,
             the fast path's projections, the HVP mode in use and the start vector generator's
-            state. Only tensors and plain Python values: it loads with
-            ``torch.load(..., weights_only=True)``.
+            state. Just before an ESE step that replaces V̂ (``on_ese_failure`` not ``keep``), V̂
+            is left out and the Newton velocity saved materialised (``basis_dropped_before_ese``):
+            a run stopped at an ESE boundary has a (k+ℓ)× smaller FOSI checkpoint. Only tensors
+            and plain Python values: it loads with ``torch.load(..., weights_only=True)``.
         """
         base = self.base.state_dict()
         fed: dict[int, Tensor] = {}
@@ -936,6 +938,8 @@ class FOSI(Optimizer):
                     _flat(true).addmv_(b.T, z, alpha=-1.0)  # exactly what _sync_base_buffers does
                 state[i] = {**entry, "momentum_buffer": true}
             base = {**base, "state": state}
+        if self._basis_replaced_next_step():  # the true buffers suffice: no fed buffers, no V̂
+            return {**base, "fosi": self._state_before_ese()}
         fosi = {
             "t": self.t,
             "ese_count": self.ese_count,
@@ -955,6 +959,46 @@ class FOSI(Optimizer):
             fosi["fed_buffers"] = fed
             fosi["mom_proj_fed"] = self._mom_proj_fed.clone()
         return {**base, "fosi": fosi}
+
+    def _basis_replaced_next_step(self) -> bool:
+        """Whether the next step's ESE replaces V̂ before anything reads it.
+
+        Then a state dict need not hold V̂ (k+ℓ parameter-sized vectors), only what the ESE
+        carries over.
+        """
+        return self.V is not None and self.on_ese_failure != "keep" and self.ese_due()
+
+    def _state_before_ese(self) -> dict[str, Any]:
+        """FOSI's part of a state dict taken just before an ESE step, without V̂.
+
+        The next step's ESE (:meth:`_install`) reads the old basis only to materialise the Newton
+        velocity v̄ = ρ·r + V̂ᵀa and to turn the base's buffers back into the true momentum m.
+        This state holds v̄ itself (one parameter-sized vector instead of k+ℓ) and the base's part
+        of the state dict holds the true buffers, so a load continues bit for bit (tested), and the checkpoint of a
+        run stopped at an ESE boundary is (k+ℓ)× smaller in its FOSI part.
+        """
+        vel = None
+        if self._mom_av != 0.0:  # the same expression as _install's, in the same order
+            vel = self.V.T @ self._vel_coef
+            if self._vel_res is not None and self._vel_res_scale != 0.0:
+                vel.add_(self._vel_res, alpha=self._vel_res_scale)
+        zeros = torch.zeros(self.k + self.l, dtype=self._dtype, device=self._device)
+        return {
+            "t": self.t,
+            "ese_count": self.ese_count,
+            "V": None,
+            "eigenvalues": None,
+            "lambda_min": None,
+            "vel_res": vel,
+            "vel_res_scale": 1.0 if vel is not None else 0.0,
+            "vel_res_proj": zeros,
+            "vel_coef": zeros.clone(),
+            "mom_proj": zeros.clone(),
+            "generator": self._generator.get_state() if self._generator is not None else None,
+            "hvp_mode": self.hvp_mode,
+            "forward_mode_checked": self._forward_mode_checked,
+            "basis_dropped_before_ese": True,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         """Restore the base's and FOSI's state from :meth:`state_dict`'s output.

@@ -145,3 +145,19 @@ def test_fosi_quadratics_readers_read_the_pack(tmp_path: Path) -> None:
     assert [s["setting"] for s in a] == [s["setting"] for s in b]
     for sa, sb in zip(a, b):
         np.testing.assert_array_equal(figs.curve(sa), figs.curve(sb))
+
+
+def test_a_parked_unfinished_run_is_read_and_left_alone(two_layouts: tuple[Path, Path]) -> None:
+    """``--park`` gzips a paused run's metrics: the readers still return its rows, packing leaves
+    it as it is, and parking it again is a clear error."""
+    loose, packed = two_layouts
+    before = read_run_metrics(packed / "exp" / "hb_s9")
+    assert pack.main(["--park", str(packed / "exp" / "hb_s9")]) == 0
+    assert (packed / "exp" / "hb_s9" / "metrics.jsonl.gz").exists()
+    assert not (packed / "exp" / "hb_s9" / "metrics.jsonl").exists()
+    assert "hb_s9" in [p.name for p in pack.loose_run_dirs(packed / "exp")]
+    pd.testing.assert_frame_equal(read_run_metrics(packed / "exp" / "hb_s9"), before)
+    assert "hb_s9" in set(load_summaries(packed, "exp")["run_id"])  # still listed as running
+    res = pack.pack_experiment(packed / "exp")
+    assert res.skipped == ["hb_s9"] and (packed / "exp" / "hb_s9" / "metrics.jsonl.gz").exists()
+    assert pack.main(["--park", str(packed / "exp" / "hb_s9")]) == 2

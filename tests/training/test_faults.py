@@ -305,6 +305,32 @@ def test_finished_run_can_be_extended_or_restarted(tmp_path):
     assert longer["steps"] == 6
 
 
+def test_a_parked_run_resumes_with_every_row(tmp_path, capsys):
+    """A paused run committed with gzipped metrics (``pack --park``) resumes with its rows
+    unparked: the finished file equals that of the same run extended without parking; a run dir
+    holding both files is refused before anything changes."""
+    from curvopt.analysis.pack import main as pack_main
+
+    _run(tmp_path, ["optimizer=adam", "run_id=plain", "trainer.max_steps=4"])
+    plain = _run(tmp_path, ["optimizer=adam", "run_id=plain", "trainer.max_steps=8", "trainer.resume=true"])
+    part = _run(tmp_path, ["optimizer=adam", "run_id=p", "trainer.max_steps=4"])
+    run_dir = Path(part["run_dir"])
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert pack_main(["--park", str(run_dir)]) == 0 and "parked" in capsys.readouterr().out
+    assert not (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl.gz").exists()
+    assert read_metrics(run_dir / "metrics.jsonl") == rows  # readers see the parked rows
+    assert pack_main(["--park", str(run_dir)]) == 2  # nothing left to park: a clear error
+    assert "does not exist" in capsys.readouterr().err
+    longer = _run(tmp_path, ["optimizer=adam", "run_id=p", "trainer.max_steps=8", "trainer.resume=true"])
+    assert not (run_dir / "metrics.jsonl.gz").exists()
+    assert _rows(longer) == _rows(plain) and len(_rows(longer)) > len(rows)
+
+    (run_dir / "metrics.jsonl.gz").write_bytes(b"")  # both files: which rows are the run's?
+    with pytest.raises(FileExistsError, match="holds both"):
+        _run(tmp_path, ["optimizer=adam", "run_id=p", "trainer.max_steps=10", "trainer.resume=true"])
+    assert read_metrics(run_dir / "metrics.jsonl") == read_metrics(Path(longer["run_dir"]) / "metrics.jsonl")
+
+
 def test_an_unreadable_checkpoint_is_named_and_changes_nothing(tmp_path):
     part = _run(tmp_path, ["optimizer=adam", "run_id=u", "trainer.max_steps=4"])
     run_dir = Path(part["run_dir"])

@@ -3,6 +3,7 @@
     python -m curvopt.analysis.pack results/fosi_quadratics         # every experiment below it
     python -m curvopt.analysis.pack results/fgn_fig2 --keep          # write the pack, keep the run dirs
     python -m curvopt.analysis.pack --move results/a/run_x results/b/run_y   # move one run's records
+    python -m curvopt.analysis.pack --park results/fosi_ae/heavy_ball_paper_s0  # a paused run, for git
 
 The loose layout is one directory per run, ``<exp>/<run_id>/{config.yaml, metrics.jsonl,
 summary.json}``. The packed layout of the same experiment is
@@ -40,7 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from curvopt.training.records import read_metrics
+from curvopt.errors import RunInUseError
+from curvopt.training.records import has_metrics, park_metrics, read_metrics
 from curvopt.training.rundir import is_set_aside
 
 PACKED_METRICS = "metrics.parquet"
@@ -69,7 +71,7 @@ def is_packed(exp_dir: str | Path) -> bool:
 
 
 def loose_run_dirs(exp_dir: str | Path) -> list[Path]:
-    """Run directories with their own metrics.jsonl (not moved aside), sorted by name.
+    """Run directories with their own metrics.jsonl, or its parked copy (not moved aside), sorted.
 
     Args:
         exp_dir: The experiment directory.
@@ -80,7 +82,7 @@ def loose_run_dirs(exp_dir: str | Path) -> list[Path]:
     root = Path(exp_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists() and not is_set_aside(p.name))
+    return sorted(p for p in root.iterdir() if has_metrics(p) and not is_set_aside(p.name))
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -499,11 +501,30 @@ def main(argv: list[str] | None = None) -> int:
         help="move the run SRC (<experiment dir>/<run_id>, loose or packed) to DST under a new experiment "
         "and/or run id (see move_run); repeatable; done before packing PATHS",
     )
+    parser.add_argument(
+        "--park",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="RUN_DIR",
+        help="gzip a paused run's metrics.jsonl into metrics.jsonl.gz (about 4.5x smaller, for committing "
+        "it beside its checkpoint); still readable, and a resume unparks it",
+    )
     parser.add_argument("--keep", action="store_true", help="write the pack but keep the run directories")
     parser.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "none"])
     args = parser.parse_args(argv)
-    if not args.paths and not args.move:
-        parser.error("give an experiment directory to pack, or --move SRC DST")
+    if not args.paths and not args.move and not args.park:
+        parser.error("give an experiment directory to pack, --move SRC DST or --park RUN_DIR")
+    for run_dir in args.park:
+        try:
+            before = (run_dir / "metrics.jsonl").stat().st_size if (run_dir / "metrics.jsonl").exists() else 0
+            parked = park_metrics(run_dir)
+        except (FileNotFoundError, RunInUseError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(
+            f"parked {run_dir}: {before / 1e6:.2f} MB -> {parked.stat().st_size / 1e6:.2f} MB ({parked.name})"
+        )
     for src, dst in args.move:
         try:
             print(f"moved {src} -> {move_run(src, dst)}")

@@ -10,7 +10,7 @@ import pandas as pd
 import yaml
 
 from curvopt.analysis.pack import loose_run_dirs, packed_run_frame, read_packed_runs
-from curvopt.training.records import read_metrics
+from curvopt.training.records import has_metrics, read_metrics
 
 # load_summaries' status of a run directory without summary.json (it is running, or was killed)
 RUNNING_OR_KILLED = "running_or_killed"
@@ -90,8 +90,7 @@ def read_run_metrics(run_dir: str | Path) -> pd.DataFrame:
     packed = {r["run_id"]: r for r in read_packed_runs(run_dir.parent)}
     if run_dir.name in packed:
         return packed_run_frame(run_dir.parent, packed[run_dir.name])
-    path = run_dir / "metrics.jsonl"
-    return pd.DataFrame(read_metrics(path) if path.exists() else [])
+    return pd.DataFrame(read_metrics(run_dir / "metrics.jsonl") if has_metrics(run_dir) else [])
 
 
 def load_summaries(results_dir: str | Path, experiment: str) -> pd.DataFrame:

@@ -8,6 +8,7 @@ far; ``summary.json`` is rewritten atomically.
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import math
 import os
@@ -19,6 +20,9 @@ from typing import Any
 import torch
 
 from curvopt.errors import RunInUseError
+
+METRICS_NAME = "metrics.jsonl"
+PARKED_METRICS_NAME = "metrics.jsonl.gz"  # a paused run's rows, gzipped for git (park_metrics)
 
 
 def _jsonable(value: Any) -> Any:
@@ -155,8 +159,12 @@ class RunRecorder:
     def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS_NAME
         self.summary_path = self.run_dir / "summary.json"
+        if resume_step is not None:
+            unpark_metrics(self.run_dir)  # a parked run's rows come back before it continues
+        elif (self.run_dir / PARKED_METRICS_NAME).exists():
+            (self.run_dir / PARKED_METRICS_NAME).unlink()  # a new run: as for metrics.jsonl below
         if resume_step is not None and self.metrics_path.exists():
             kept = [row for row in read_metrics(self.metrics_path) if row.get("step", 0) <= resume_step]
             atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -200,13 +208,17 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Rows of a metrics.jsonl; a torn last line (killed mid-write) is skipped.
 
     Args:
-        path: The ``metrics.jsonl`` file.
+        path: The ``metrics.jsonl`` file; when it is absent, its parked copy
+            ``metrics.jsonl.gz`` beside it (:func:`park_metrics`) is read instead.
 
     Returns:
         One dict per valid line (blank and undecodable lines are skipped).
     """
+    path = Path(path)
+    parked = path.with_name(path.name + ".gz")
+    opener = (lambda: gzip.open(parked, "rt")) if not path.exists() and parked.exists() else path.open
     rows = []
-    with Path(path).open() as fh:
+    with opener() as fh:
         for line in fh:
             line = line.strip()
             if not line:
@@ -216,6 +228,79 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+def has_metrics(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds metrics rows, as ``metrics.jsonl`` or parked.
+
+    Args:
+        run_dir: A run directory.
+
+    Returns:
+        ``True`` when ``metrics.jsonl`` or ``metrics.jsonl.gz`` exists there.
+    """
+    run_dir = Path(run_dir)
+    return (run_dir / METRICS_NAME).exists() or (run_dir / PARKED_METRICS_NAME).exists()
+
+
+def park_metrics(run_dir: Path) -> Path:
+    """Gzip an unfinished run's ``metrics.jsonl`` into ``metrics.jsonl.gz`` (about 4.5× smaller).
+
+    For committing a run that is paused between sessions (its checkpoint beside it): the rows
+    stay readable (:func:`read_metrics`) and a resume unparks them (:class:`RunRecorder`). The
+    gzip file is written in full and checked against the original before the original goes.
+
+    Args:
+        run_dir: The run directory; no live process may own it (``run.lock``).
+
+    Returns:
+        The path of ``metrics.jsonl.gz``.
+
+    Raises:
+        FileNotFoundError: No ``metrics.jsonl`` there.
+        RunInUseError: A live process owns the run.
+    """
+    run_dir = Path(run_dir)
+    src, dst = run_dir / METRICS_NAME, run_dir / PARKED_METRICS_NAME
+    if not src.exists():
+        raise FileNotFoundError(f"{src} does not exist (already parked, or not a run directory)")
+    RunLock(run_dir).check()
+    data = src.read_bytes()
+    tmp = dst.with_name(dst.name + ".tmp")
+    with gzip.GzipFile(tmp, "wb", mtime=0) as fh:  # mtime 0: the same rows give the same bytes
+        fh.write(data)
+    if gzip.decompress(tmp.read_bytes()) != data:
+        tmp.unlink()
+        raise OSError(f"parking {src}: the gzip copy does not read back equal; nothing changed")
+    os.replace(tmp, dst)
+    src.unlink()
+    return dst
+
+
+def unpark_metrics(run_dir: Path) -> bool:
+    """Undo :func:`park_metrics`: ``metrics.jsonl.gz`` back to ``metrics.jsonl``.
+
+    Args:
+        run_dir: The run directory.
+
+    Returns:
+        ``True`` when rows were unparked, ``False`` when there was no parked file.
+
+    Raises:
+        FileExistsError: Both files exist (which rows are the run's is unclear): nothing changed.
+    """
+    run_dir = Path(run_dir)
+    src, dst = run_dir / PARKED_METRICS_NAME, run_dir / METRICS_NAME
+    if not src.exists():
+        return False
+    if dst.exists():
+        raise FileExistsError(
+            f"{run_dir} holds both {METRICS_NAME} and {PARKED_METRICS_NAME}; keep the one with the "
+            "run's rows (the longer one, normally) and delete the other, then resume"
+        )
+    atomic_write_text(dst, gzip.decompress(src.read_bytes()).decode())
+    src.unlink()
+    return True
 
 
 def _boot_id() -> str:

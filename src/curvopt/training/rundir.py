@@ -37,8 +37,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
 from curvopt.training.checkpoint import CHECKPOINT_NAME, checkpoint_config, verify_checkpoint
+from curvopt.training.records import METRICS_NAME, PARKED_METRICS_NAME
 
-RECORD_FILES = ("config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", CHECKPOINT_NAME)
+RECORD_FILES = (
+    "config.yaml",
+    "overrides.yaml",
+    METRICS_NAME,
+    PARKED_METRICS_NAME,
+    "summary.json",
+    CHECKPOINT_NAME,
+)
 # overrides accepted on resume because they only extend the run (it continues identically)
 EXTEND_KEYS = (
     "trainer.max_steps",

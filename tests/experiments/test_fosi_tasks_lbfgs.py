@@ -4,9 +4,11 @@ strong-Wolfe search no evaluation, so a step whose first trial raises the loss i
 
 from __future__ import annotations
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
+from experiments.fosi_tasks.lbfgs_jaxopt import JaxoptLBFGS
 from experiments.runs import REPO_ROOT
 
 CONFIG = REPO_ROOT / "conf" / "optimizer" / "lbfgs.yaml"
@@ -53,3 +55,74 @@ def test_without_a_budget_lbfgs_stands_still():
     """torch's default max_eval (= 1 for max_iter=1): every step is a zero step here."""
     f0 = 50.0 * 0.1**2
     assert _run(10, max_eval=1) == [f0] * 10
+
+
+# -- the jaxopt reading (experiments/fosi_tasks/lbfgs_jaxopt.py) ------------------------------------
+def _quadratic_closure(opt, x, matrices, b, which):
+    def closure():
+        opt.zero_grad()
+        A = matrices[which[0]]
+        f = 0.5 * x @ A @ x - b @ x
+        f.backward()
+        return f
+
+    return closure
+
+
+def test_jaxopt_lbfgs_solves_a_quadratic():
+    """Full batch: the iterates reach the dense solution A⁻¹b."""
+    gen = torch.Generator().manual_seed(0)
+    Q, _ = torch.linalg.qr(torch.randn(8, 8, generator=gen, dtype=torch.float64))
+    A = (Q * torch.logspace(0, 2, 8, dtype=torch.float64)) @ Q.T
+    b = torch.randn(8, generator=gen, dtype=torch.float64)
+    x = torch.zeros(8, dtype=torch.float64, requires_grad=True)
+    opt = JaxoptLBFGS([x], history_size=10)
+    closure = _quadratic_closure(opt, x, [A], b, [0])
+    for _ in range(40):
+        opt.step(closure)
+    assert torch.allclose(x.detach(), torch.linalg.solve(A, b), atol=1e-8)
+
+
+def test_jaxopt_lbfgs_pairs_gradients_of_one_batch():
+    """y = g(θ_new) − g(θ) on the step's own batch: for quadratic batches, y = A_batch·s."""
+    gen = torch.Generator().manual_seed(1)
+    mats = []
+    for scale in (1.0, 5.0):
+        M = torch.randn(6, 6, generator=gen, dtype=torch.float64)
+        mats.append(scale * (M @ M.T + 6 * torch.eye(6, dtype=torch.float64)))
+    b = torch.randn(6, generator=gen, dtype=torch.float64)
+    x = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    opt = JaxoptLBFGS([x], history_size=5)
+    which = [0]
+    closure = _quadratic_closure(opt, x, mats, b, which)
+    for k in range(4):
+        which[0] = k % 2
+        opt.step(closure)
+        st = opt.state[x]
+        assert torch.allclose(st["y"][-1], mats[k % 2] @ st["s"][-1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("on_failure", "moved"), [("last", True), ("best", False)])
+def test_jaxopt_lbfgs_failed_line_search(on_failure, moved):
+    """One evaluation allowed and the first trial (t = 1 along −g) overshoots: jaxopt takes the
+    unsafe step (``last``); ``best`` (torch's rule) stays."""
+    x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True)
+    opt = JaxoptLBFGS([x], maxls=1, on_failure=on_failure)
+
+    def closure():
+        opt.zero_grad()
+        f = 50.0 * (x * x).sum()
+        f.backward()
+        return f
+
+    opt.step(closure)
+    assert not opt.state[x]["met"]
+    assert float(x.detach()) == pytest.approx(0.1 - 10.0 if moved else 0.1)
+
+
+def test_jaxopt_lbfgs_refuses_bad_settings():
+    x = torch.zeros(1, requires_grad=True)
+    with pytest.raises(ValueError, match="on_failure"):
+        JaxoptLBFGS([x], on_failure="skip")
+    with pytest.raises(ValueError, match="c1 < c2"):
+        JaxoptLBFGS([x], c1=0.9, c2=0.1)

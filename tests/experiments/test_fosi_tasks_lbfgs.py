@@ -126,3 +126,15 @@ def test_jaxopt_lbfgs_refuses_bad_settings():
         JaxoptLBFGS([x], on_failure="skip")
     with pytest.raises(ValueError, match="c1 < c2"):
         JaxoptLBFGS([x], c1=0.9, c2=0.1)
+
+
+def test_jaxopt_reading_composes_from_the_lbfgs_config():
+    from experiments.fosi_tasks.lbfgs_jaxopt import reading_overrides
+    from experiments.runs import compose_config
+
+    opt = compose_config(["experiment=fosi_ae_paper", *reading_overrides(20, "best")]).optimizer
+    assert opt["_target_"] == "experiments.fosi_tasks.lbfgs_jaxopt.JaxoptLBFGS"
+    assert opt.history_size == 20 and opt.on_failure == "best"
+    assert not {"lr", "max_iter", "max_eval", "line_search_fn"} & set(opt.keys())
+    kwargs = {k: v for k, v in opt.items() if k not in ("_target_", "name", "grad_clip_value")}  # run keys
+    JaxoptLBFGS([torch.zeros(2, requires_grad=True)], **kwargs)  # every key is an argument

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 FAILURE_MODES = ("last", "best")
+LINE_SEARCHES = ("zoom", "backtracking")
 
 
 class JaxoptLBFGS(torch.optim.LBFGS):
@@ -63,6 +64,10 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         max_stepsize: Largest step size tried.
         on_failure: ``last`` (jaxopt: the last trial step when no step met sufficient decrease)
             or ``best`` (the lowest-loss trial point, or no step).
+        linesearch: ``zoom`` (jaxopt's later default) or ``backtracking`` (its earlier L-BFGS:
+            shrink by ``decrease_factor`` from 1.5 × the previous step, uncapped unless
+            ``max_stepsize`` is finite).
+        decrease_factor: The backtracking search's shrink factor.
 
     Raises:
         ValueError: A non-positive size or count, constants outside 0 < c1 < c2 < 1, or an unknown
@@ -79,6 +84,8 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         increase_factor: float = 1.5,
         max_stepsize: float = 1.0,
         on_failure: str = "last",
+        linesearch: str = "zoom",
+        decrease_factor: float = 0.8,
     ) -> None:
         if history_size < 1 or maxls < 1:
             raise ValueError(f"history_size and maxls must be >= 1, got {history_size}, {maxls}")
@@ -88,10 +95,15 @@ class JaxoptLBFGS(torch.optim.LBFGS):
             raise ValueError("increase_factor and max_stepsize must be positive")
         if on_failure not in FAILURE_MODES:
             raise ValueError(f"on_failure must be one of {FAILURE_MODES}, got {on_failure!r}")
+        if linesearch not in LINE_SEARCHES:
+            raise ValueError(f"linesearch must be one of {LINE_SEARCHES}, got {linesearch!r}")
+        if not 0.0 < decrease_factor < 1.0:
+            raise ValueError(f"decrease_factor must lie in (0, 1), got {decrease_factor}")
         super().__init__(params, lr=1.0, max_iter=1, history_size=history_size)
         self.maxls, self.c1, self.c2 = int(maxls), float(c1), float(c2)
         self.increase_factor, self.max_stepsize = float(increase_factor), float(max_stepsize)
         self.on_failure = on_failure
+        self.linesearch, self.decrease_factor = linesearch, float(decrease_factor)
 
     # -- flat views ---------------------------------------------------------------------------------
     def _params_list(self) -> list[Tensor]:
@@ -211,6 +223,29 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         t, f, _, g = min(lower, key=lambda x: x[1])
         return t, f, g, False
 
+    def _backtracking(
+        self, phi: Callable[[float], tuple[float, float, Tensor]], f0: float, d0: float, t_init: float
+    ) -> tuple[float, float, Tensor | None, bool]:
+        """jaxopt's earlier L-BFGS search: t_init, then × ``decrease_factor`` until the strong
+        Wolfe conditions hold, at most ``maxls`` evaluations; no cap on t_init (the previous step
+        × ``increase_factor``). On failure: the last trial point (``last``) or the best (``best``)."""
+        tried: list[tuple[float, float, Tensor]] = []
+        t = t_init
+        for _ in range(self.maxls):
+            f, dphi, g = phi(t)
+            tried.append((t, f, g))
+            if math.isfinite(f) and f <= f0 + self.c1 * t * d0 and abs(dphi) <= self.c2 * abs(d0):
+                return t, f, g, True
+            t *= self.decrease_factor
+        if self.on_failure == "last" and math.isfinite(tried[-1][1]):
+            t, f, g = tried[-1]
+            return t, f, g, False
+        lower = [x for x in tried if math.isfinite(x[1]) and x[1] < f0]
+        if not lower:
+            return 0.0, f0, None, False
+        t, f, g = min(lower, key=lambda x: x[1])
+        return t, f, g, False
+
     # -- the step -----------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor]) -> Tensor:  # type: ignore[override]
@@ -241,7 +276,8 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         t_init = min(state["stepsize"] * self.increase_factor, self.max_stepsize)
         # with sᵀy < 0 in the history, d may not descend (slope >= 0): jaxopt searches anyway, and
         # the curvature condition can then never hold, so the step is a safe or an unsafe one
-        t, _, g_new, met = self._line_search(phi, f0, slope, t_init)
+        search = self._line_search if self.linesearch == "zoom" else self._backtracking
+        t, _, g_new, met = search(phi, f0, slope, t_init)
         self._set_flat(x0 + t * d)
         state["met"] = met
         state["stepsize"] = t if t > 0 else state["stepsize"]
@@ -272,12 +308,13 @@ def _cubic_min(t0: float, f0: float, d0: float, t1: float, f1: float, d1: float)
     return t1 - (t1 - t0) * (d1 + e2 - e1) / denom
 
 
-def reading_overrides(history: int, on_failure: str) -> list[str]:
+def reading_overrides(history: int, on_failure: str, linesearch: str = "zoom") -> list[str]:
     """Hydra overrides that turn ``optimizer=lbfgs`` into this reading.
 
     Args:
         history: L.
         on_failure: ``last`` or ``best``.
+        linesearch: ``zoom`` (step sizes up to 1) or ``backtracking`` (uncapped).
 
     Returns:
         The overrides (torch-only keys removed, the target and the options set).
@@ -289,6 +326,8 @@ def reading_overrides(history: int, on_failure: str) -> list[str]:
         *(f"~optimizer.{k}" for k in removed),
         f"optimizer.history_size={history}",
         f"+optimizer.on_failure={on_failure}",
+        f"+optimizer.linesearch={linesearch}",
+        *(["+optimizer.max_stepsize=inf"] if linesearch == "backtracking" else []),
     ]
 
 
@@ -316,16 +355,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="quick", choices=["quick", "paper"])
     parser.add_argument("--history", type=int, default=10)
     parser.add_argument("--on-failure", default="last", choices=FAILURE_MODES)
+    parser.add_argument("--linesearch", default="zoom", choices=LINE_SEARCHES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results-dir", default="results/fosi_audit")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
     args = parser.parse_args(argv)
     experiment = f"fosi_{args.task}" + ("_paper" if args.profile == "paper" else "")
-    run_id = f"lbfgs_jaxopt_{args.on_failure}_{args.profile}_s{args.seed}_L{args.history}"
+    search = "" if args.linesearch == "zoom" else f"_{args.linesearch}"
+    run_id = f"lbfgs_jaxopt_{args.on_failure}{search}_{args.profile}_s{args.seed}_L{args.history}"
     cfg = compose_config(
         [
             f"experiment={experiment}",
-            *reading_overrides(args.history, args.on_failure),
+            *reading_overrides(args.history, args.on_failure, args.linesearch),
             f"seed={args.seed}",
             f"run_id={run_id}",
             f"paths.results_dir={args.results_dir}",

@@ -4,6 +4,8 @@ strong-Wolfe search no evaluation, so a step whose first trial raises the loss i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -138,3 +140,22 @@ def test_jaxopt_reading_composes_from_the_lbfgs_config():
     assert not {"lr", "max_iter", "max_eval", "line_search_fn"} & set(opt.keys())
     kwargs = {k: v for k, v in opt.items() if k not in ("_target_", "name", "grad_clip_value")}  # run keys
     JaxoptLBFGS([torch.zeros(2, requires_grad=True)], **kwargs)  # every key is an argument
+
+
+def test_jaxopt_backtracking_grows_uncapped_and_takes_the_unsafe_step():
+    """jaxopt's earlier search: the first trial is 1.5 × the previous step with no cap; when no
+    trial meets the conditions within maxls, the last one is taken (here: f rises)."""
+    x = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    opt = JaxoptLBFGS([x], linesearch="backtracking", max_stepsize=math.inf, maxls=2)
+
+    def closure():
+        opt.zero_grad()
+        f = 0.5 * (x * x).sum()
+        f.backward()
+        return f
+
+    st = opt.state[x]
+    st["stepsize"] = 100.0  # as if earlier steps had grown it: the next trial is 150
+    opt.step(closure)
+    assert not st["met"] and st["stepsize"] == pytest.approx(150.0 * 0.8)
+    assert float(x.detach()) == pytest.approx(1.0 - 120.0)  # d = −g = −1: an unsafe step up the bowl

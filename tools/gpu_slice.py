@@ -75,6 +75,9 @@ MODULES = {
     "fira": "fira",
     "apollo-torch": "apollo_torch",
     "wandb": "wandb",
+    "datasets": "datasets",
+    "dill": "dill",
+    "multiprocess": "multiprocess",
 }
 # data folders whose loader also reads the uncompressed file (curvopt.data.mnist, curvopt.data.c4):
 # their *.gz are carried as <stem>.xz (raw bytes, xz: 2 MB less for MNIST), decompressed there to <stem>

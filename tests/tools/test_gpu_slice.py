@@ -55,7 +55,7 @@ def test_tracked_tree_stays_under_44_mb():
 def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     slices = gs.load_queue()
     assert [s.id for s in slices if s.auto] == [
-        "smoke-probe", "mnist-paper", "bench", "fosi-lm-paper", "mnist-shf-seeds",
+        "smoke-probe", "smoke-llama", "mnist-paper", "bench", "fosi-lm-paper", "mnist-shf-seeds",
     ]  # fmt: skip
     for s in slices:
         assert 0 < s.gpu_minutes <= 13, s.id  # a session has 15 device minutes, a start costs 1-2
@@ -76,7 +76,11 @@ def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     }
     assert all(r.rel_dir().startswith("results/gpu_probe/shf_fig2_mnist/") for r in probe)
     mnist = [(r.spec["optimizer"], r.spec["seed"]) for r in by_id["mnist-paper"].runs]
-    assert mnist == [("hf_cg", s) for s in range(5)] + [("shf_lsmr", 0)]
+    assert mnist == [("hf_cg", 0), ("shf_lsmr", 0)] + [("hf_cg", s) for s in range(1, 5)]
+    # two at a time: $OUT takes back two MNIST checkpoints, and six shared the GPU at 1.4x one's rate
+    assert by_id["mnist-paper"].phases[0].parallel == by_id["mnist-shf-seeds"].phases[0].parallel == 2
+    # the C4 loader streams through HF datasets, which the device image lacks
+    assert {"datasets", "dill", "multiprocess"} <= set(by_id["smoke-llama"].wheels)
     # the paper drivers' run ids and folders, so the figures read these runs
     assert by_id["mnist-paper"].runs[0].rel_dir() == "results/shf_fig2_mnist/hf_cg_paper_s0"
     assert by_id["mnist-paper"].runs[0].config_name == "shf_fig2_mnist_paper"
@@ -102,9 +106,11 @@ def test_ledger_picks_the_first_slice_not_done(gs, tmp_path):
     gs.append_ledger(ledger, row)
     assert gs.next_slice(slices, ledger).id == "smoke-probe"  # partial: again
     gs.append_ledger(ledger, {**row, "status": "done"})
+    assert gs.next_slice(slices, ledger).id == "smoke-llama"
+    gs.append_ledger(ledger, {**row, "slice": "smoke-llama", "status": "done"})
     gs.append_ledger(ledger, {**row, "slice": "mnist-paper", "status": "skip"})
     assert gs.next_slice(slices, ledger).id == "bench"
-    assert [r["status"] for r in gs.read_ledger(ledger)] == ["partial", "done", "skip"]
+    assert [r["status"] for r in gs.read_ledger(ledger)] == ["partial", "done", "done", "skip"]
     gs.read_ledger(ROOT / "docs" / "gpu_ledger.md")  # the committed one parses
 
 

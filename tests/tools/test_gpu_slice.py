@@ -55,7 +55,7 @@ def test_tracked_tree_stays_under_44_mb():
 def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     slices = gs.load_queue()
     assert [s.id for s in slices if s.auto] == [
-        "smoke-probe", "smoke-llama", "mnist-paper", "bench", "fosi-lm-paper", "mnist-shf-seeds",
+        "smoke-probe", "smoke-llama", "fosi-lm-paper", "bench", "mnist-paper", "mnist-shf-seeds",
     ]  # fmt: skip
     for s in slices:
         assert 0 < s.gpu_minutes <= 13, s.id  # a session has 15 device minutes, a start costs 1-2
@@ -108,7 +108,7 @@ def test_ledger_picks_the_first_slice_not_done(gs, tmp_path):
     gs.append_ledger(ledger, {**row, "status": "done"})
     assert gs.next_slice(slices, ledger).id == "smoke-llama"
     gs.append_ledger(ledger, {**row, "slice": "smoke-llama", "status": "done"})
-    gs.append_ledger(ledger, {**row, "slice": "mnist-paper", "status": "skip"})
+    gs.append_ledger(ledger, {**row, "slice": "fosi-lm-paper", "status": "skip"})
     assert gs.next_slice(slices, ledger).id == "bench"
     assert [r["status"] for r in gs.read_ledger(ledger)] == ["partial", "done", "done", "skip"]
     gs.read_ledger(ROOT / "docs" / "gpu_ledger.md")  # the committed one parses

@@ -72,6 +72,22 @@ class JaxoptLBFGS(torch.optim.LBFGS):
     Raises:
         ValueError: A non-positive size or count, constants outside 0 < c1 < c2 < 1, or an unknown
             ``on_failure``.
+
+    Example:
+        The closure evaluates one batch; each ``step`` is one update on it (here a quadratic):
+
+        >>> import torch
+        >>> w = torch.nn.Parameter(torch.tensor([3.0, -2.0]))
+        >>> opt = JaxoptLBFGS([w], history_size=5)
+        >>> def closure():
+        ...     opt.zero_grad()
+        ...     loss = (w**2).sum()
+        ...     loss.backward()
+        ...     return loss.detach()
+        >>> for _ in range(5):
+        ...     _ = opt.step(closure)
+        >>> float((w**2).sum()) < 1e-8
+        True
     """
 
     def __init__(

@@ -159,3 +159,12 @@ def test_jaxopt_backtracking_grows_uncapped_and_takes_the_unsafe_step():
     opt.step(closure)
     assert not st["met"] and st["stepsize"] == pytest.approx(150.0 * 0.8)
     assert float(x.detach()) == pytest.approx(1.0 - 120.0)  # d = −g = −1: an unsafe step up the bowl
+
+
+def test_the_jaxopt_reading_docstring_example_runs():
+    import doctest
+
+    from experiments.fosi_tasks import lbfgs_jaxopt
+
+    result = doctest.testmod(lbfgs_jaxopt, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -86,7 +86,7 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         ...     return loss.detach()
         >>> for _ in range(5):
         ...     _ = opt.step(closure)
-        >>> float((w**2).sum()) < 1e-8
+        >>> float((w.detach() ** 2).sum()) < 1e-8
         True
     """
 
@@ -296,6 +296,7 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         t, _, g_new, met = search(phi, f0, slope, t_init)
         self._set_flat(x0 + t * d)
         state["met"] = met
+        state["t"], state["d"] = t, d  # the step taken, where torch's LBFGS keeps it (logged)
         state["stepsize"] = t if t > 0 else state["stepsize"]
         if g_new is not None and t > 0:
             s, y = t * d, g_new - g0

@@ -168,3 +168,35 @@ def test_the_jaxopt_reading_docstring_example_runs():
 
     result = doctest.testmod(lbfgs_jaxopt, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("make", ["torch", "jaxopt_zoom", "jaxopt_backtracking"])
+def test_the_loop_logs_each_lbfgs_step_length_and_size(make):
+    """The adapter's record of an L-BFGS step: ``ls_step`` is the line search's step length and
+    ``step_norm`` the distance the parameters moved (checked against the parameters themselves)."""
+    from curvopt.objective import Objective
+    from curvopt.training.algorithm import TorchOptimizerAlgorithm
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1).double()
+    x = torch.randn(16, 3, dtype=torch.float64)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]], dtype=torch.float64) + 0.1
+    if make == "torch":
+        opt = _lbfgs_params(model.parameters())
+    else:
+        opt = JaxoptLBFGS(model.parameters(), linesearch=make.split("_")[1])
+    algo = TorchOptimizerAlgorithm(Objective(model, "squared_error"), opt)
+    for _ in range(3):
+        before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+        info = algo.step((x, y))
+        after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        moved = float(torch.linalg.vector_norm(after - before))
+        assert info["ls_step"] > 0.0
+        assert info["step_norm"] == pytest.approx(moved, rel=1e-9, abs=1e-12)
+        assert moved > 0.0
+
+
+def _lbfgs_params(params) -> torch.optim.LBFGS:
+    spec = OmegaConf.to_container(OmegaConf.load(CONFIG))
+    spec.pop("_target_"), spec.pop("name")
+    return torch.optim.LBFGS(params, **spec)

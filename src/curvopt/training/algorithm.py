@@ -20,6 +20,20 @@ from curvopt.objective import Objective
 __all__ = ["Algorithm", "AlgorithmBase", "Batch", "DataBundle", "TorchOptimizerAlgorithm"]
 
 
+def _lbfgs_step_info(optimizer: torch.optim.LBFGS) -> dict[str, float]:
+    """The last step's length and size, from where ``torch.optim.LBFGS`` keeps its state."""
+    state = optimizer.state.get(optimizer.param_groups[0]["params"][0], {})
+    t = state.get("t")
+    if t is None:
+        return {}
+    t = float(t)
+    info = {"ls_step": t}
+    d = state.get("d")
+    if isinstance(d, Tensor):
+        info["step_norm"] = abs(t) * float(torch.linalg.vector_norm(d))
+    return info
+
+
 class TorchOptimizerAlgorithm(AlgorithmBase):
     """Runs any ``torch.optim.Optimizer`` in the loop: forward, backward, step.
 
@@ -107,19 +121,25 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
             batch: ``(x, y)``.
 
         Returns:
-            ``{"loss": mean loss before the update, "lr": lr of the first group used}``.
+            ``{"loss": mean loss before the update, "lr": lr of the first group used}``; for
+            ``torch.optim.LBFGS`` (and subclasses) also ``ls_step``, the step length the line
+            search took along the search direction (``state["t"]``), and ``step_norm``, the
+            distance the update moved the parameters, ``ls_step`` × ‖direction‖ (when the
+            optimizer keeps ``state["d"]``).
         """
         x, y = batch
         closure = self._closure(x, y)
         lr = float(self.optimizer.param_groups[0]["lr"])
+        info: dict[str, Any] = {}
         if isinstance(self.optimizer, torch.optim.LBFGS):
             loss = self.optimizer.step(closure)
+            info = _lbfgs_step_info(self.optimizer)
         else:
             loss = closure()
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        return {"loss": float(loss.detach()), "lr": lr}
+        return {"loss": float(loss.detach()), "lr": lr, **info}
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's (and the scheduler's) state dicts.

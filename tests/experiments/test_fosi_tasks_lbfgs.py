@@ -16,19 +16,19 @@ from experiments.runs import REPO_ROOT
 CONFIG = REPO_ROOT / "conf" / "optimizer" / "lbfgs.yaml"
 
 
-def _lbfgs(x: torch.Tensor, **override) -> torch.optim.LBFGS:
+def _lbfgs(params, **override) -> torch.optim.LBFGS:
     spec = OmegaConf.to_container(OmegaConf.load(CONFIG))
     assert spec.pop("_target_") == "torch.optim.LBFGS"
     spec.pop("name")
     spec.update(override)
-    return torch.optim.LBFGS([x], **spec)
+    return torch.optim.LBFGS(params, **spec)
 
 
 def _run(steps: int, **override) -> list[float]:
     """f(x) = ½·100·x² from x₀ = 0.1 (f₀ = 0.5). torch's first trial step is min(1, 1/|g|)·(−g)
     = −1: it lands at x = −0.9, f = 40.5, so only a line search can find a decrease."""
     x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True)
-    opt = _lbfgs(x, **override)
+    opt = _lbfgs([x], **override)
 
     def closure():
         opt.zero_grad()
@@ -182,7 +182,7 @@ def test_the_loop_logs_each_lbfgs_step_length_and_size(make):
     x = torch.randn(16, 3, dtype=torch.float64)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5]], dtype=torch.float64) + 0.1
     if make == "torch":
-        opt = _lbfgs_params(model.parameters())
+        opt = _lbfgs(model.parameters())
     else:
         opt = JaxoptLBFGS(model.parameters(), linesearch=make.split("_")[1])
     algo = TorchOptimizerAlgorithm(Objective(model, "squared_error"), opt)
@@ -194,9 +194,3 @@ def test_the_loop_logs_each_lbfgs_step_length_and_size(make):
         assert info["ls_step"] > 0.0
         assert info["step_norm"] == pytest.approx(moved, rel=1e-9, abs=1e-12)
         assert moved > 0.0
-
-
-def _lbfgs_params(params) -> torch.optim.LBFGS:
-    spec = OmegaConf.to_container(OmegaConf.load(CONFIG))
-    spec.pop("_target_"), spec.pop("name")
-    return torch.optim.LBFGS(params, **spec)

@@ -161,3 +161,65 @@ def test_a_parked_unfinished_run_is_read_and_left_alone(two_layouts: tuple[Path,
     res = pack.pack_experiment(packed / "exp")
     assert res.skipped == ["hb_s9"] and (packed / "exp" / "hb_s9" / "metrics.jsonl.gz").exists()
     assert pack.main(["--park", str(packed / "exp" / "hb_s9")]) == 2
+
+
+def test_unpack_restores_a_run_and_leaves_the_others_packed(two_layouts: tuple[Path, Path]) -> None:
+    """``--unpack`` writes a packed run's three record files back (its rows, summary and config as
+    the readers saw them packed), takes it out of the pack alone, and packing again is a round trip."""
+    loose, packed = two_layouts
+    exp = packed / "exp"
+    (exp / "fosi_s2").mkdir()
+    (exp / "fosi_s2" / "checkpoint.pt").write_bytes(b"kept")  # what packing left in the directory
+    before = load_runs(packed, "exp")
+    assert pack.main(["--unpack", str(exp / "fosi_s2"), str(exp / "sgd_s1")]) == 0
+    for run in ("fosi_s2", "sgd_s1"):
+        assert (loose / "exp" / run / "metrics.jsonl").exists() and (exp / run / "metrics.jsonl").exists()
+        assert json.loads((exp / run / "summary.json").read_text()) == json.loads(
+            (loose / "exp" / run / "summary.json").read_text()
+        )
+        assert yaml.safe_load((exp / run / "config.yaml").read_text()) == yaml.safe_load(
+            (loose / "exp" / run / "config.yaml").read_text()
+        )
+    # fosi_s2 logged no non-finite value: its file is the original, byte for byte
+    assert (exp / "fosi_s2" / "metrics.jsonl").read_text() == (
+        loose / "exp" / "fosi_s2" / "metrics.jsonl"
+    ).read_text()
+    assert (exp / "fosi_s2" / "checkpoint.pt").read_bytes() == b"kept"
+    assert [r["run_id"] for r in pack.read_packed_runs(exp)] == ["adam_s0"]
+    assert set(pd.read_parquet(exp / "metrics.parquet")["run_id"]) == {"adam_s0"}
+    assert "eigs" not in pd.read_parquet(exp / "metrics.parquet").columns  # only fosi_s2 logged it
+    pd.testing.assert_frame_equal(load_runs(packed, "exp"), before, check_exact=True)
+    res = pack.pack_experiment(exp)
+    assert res.runs == 3
+    pd.testing.assert_frame_equal(load_runs(packed, "exp"), before, check_exact=True)
+
+
+def test_unpack_refuses_what_it_cannot_do(
+    two_layouts: tuple[Path, Path], capsys: pytest.CaptureFixture
+) -> None:
+    _, packed = two_layouts
+    exp = packed / "exp"
+    assert pack.main(["--unpack", str(exp / "hb_s9")]) == 2  # loose, not packed
+    assert "not in the pack" in capsys.readouterr().err
+    write_run(exp, "adam_s0", [{"step": 0}], None, {"seed": 0})  # a new run under a packed id
+    assert pack.main(["--unpack", str(exp / "adam_s0")]) == 2
+    assert "already holds" in capsys.readouterr().err
+    assert "adam_s0" in [r["run_id"] for r in pack.read_packed_runs(exp)]  # nothing changed
+
+
+def test_the_module_examples_run() -> None:
+    import doctest
+
+    result = doctest.testmod(pack)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_an_interrupted_run_is_left_for_its_resume(two_layouts: tuple[Path, Path]) -> None:
+    """A run stopped by a signal has a summary (status ``interrupted``) and will be resumed: packing
+    it would leave its resume writing only the new rows."""
+    _, packed = two_layouts
+    exp = packed / "exp"
+    (exp / "hb_s9" / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    res = pack.pack_experiment(exp)
+    assert res.skipped == ["hb_s9"] and (exp / "hb_s9" / "metrics.jsonl").exists()
+    assert "hb_s9" not in [r["run_id"] for r in pack.read_packed_runs(exp)]

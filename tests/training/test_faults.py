@@ -597,3 +597,30 @@ def test_runs_moved_aside_are_not_loaded_as_runs(tmp_path):
     assert len(list((tmp_path / "t").glob("a.completed-*"))) == 1
     sums = load_summaries(tmp_path, "t")
     assert list(sums["run_id"]) == ["a"] and list(sums["steps"]) == [3]
+
+
+def test_a_packed_run_is_refused_until_unpacked_then_extended_with_every_row(tmp_path):
+    """A finished run that kept its checkpoint, then packed: continuing it in place would write only
+    its new rows, which packing again would put in place of the packed ones. train.py refuses the
+    run id (resume, restart or a new run) with the unpack command; after ``--unpack`` the extended
+    run's records hold every row."""
+    from curvopt.analysis import pack
+
+    first = ["optimizer=adam", "run_id=r", "trainer.max_steps=4"]
+    _run(tmp_path, first, cli=first)
+    exp = tmp_path / "t"
+    rows_before = comparable_rows(read_metrics(exp / "r" / "metrics.jsonl"))
+    assert pack.pack_experiment(exp).runs == 1 and (exp / "r" / "checkpoint.pt").exists()
+    more = ["optimizer=adam", "run_id=r", "trainer.max_steps=8"]
+    for flags in (["trainer.resume=true"], ["trainer.restart=true"], []):
+        with pytest.raises(RunExistsError, match=r"--unpack .*t/r"):  # a BadInputError: exit 2
+            _run(tmp_path, more + flags, cli=more + flags)
+    assert [r["run_id"] for r in pack.read_packed_runs(exp)] == ["r"]  # nothing was written
+    assert pack.main(["--unpack", str(exp / "r")]) == 0
+    extend = more + ["trainer.resume=true"]
+    assert _run(tmp_path, extend, cli=extend)["steps"] == 8
+    pack.pack_experiment(exp)
+    assert pack.main(["--unpack", str(exp / "r")]) == 0  # the packed rows, as the run wrote them
+    rows = comparable_rows(read_metrics(exp / "r" / "metrics.jsonl"))
+    assert sorted({r["step"] for r in rows}) == list(range(9))
+    assert rows[: len(rows_before)] == rows_before

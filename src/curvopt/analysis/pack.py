@@ -4,6 +4,7 @@
     python -m curvopt.analysis.pack results/fgn_fig2 --keep          # write the pack, keep the run dirs
     python -m curvopt.analysis.pack --move results/a/run_x results/b/run_y   # move one run's records
     python -m curvopt.analysis.pack --park results/fosi_ae/heavy_ball_paper_s0  # a paused run, for git
+    python -m curvopt.analysis.pack --unpack results/fosi_lr/adam_paper_s0  # its rows back, to extend it
 
 The loose layout is one directory per run, ``<exp>/<run_id>/{config.yaml, metrics.jsonl,
 summary.json}``. The packed layout of the same experiment is
@@ -20,7 +21,14 @@ The readers (:func:`curvopt.analysis.records.load_runs`, ``load_summaries``,
 ``read_run_metrics``) read both layouts and prefer the pack; a run directory not in the pack
 (a run added later) is still read from its own files, and packing again folds it in. Packing
 checks that the pack reads back equal to every run's files before it deletes them; runs without
-a summary (running or killed) and runs moved aside are left as they are.
+a summary (running or killed), runs whose summary says ``running`` or ``interrupted`` (stopped by a
+signal, to be resumed) and runs moved aside are left as they are.
+
+A packed run is finished as far as the pack knows, but a run that kept its checkpoint can still be
+extended (``trainer.resume=true`` with a larger budget). ``train.py`` refuses a run id whose rows
+are packed, whatever the flags: a run continued there would write only its new rows, and packing
+again would replace the packed run with them. ``--unpack`` (:func:`unpack_run`) first puts the
+run's records back into its directory and takes it out of the pack.
 """
 
 from __future__ import annotations
@@ -38,16 +46,26 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
 from curvopt.errors import RunInUseError
-from curvopt.training.records import has_metrics, park_metrics, read_metrics
+from curvopt.training.records import (
+    PACKED_RUNS_NAME,
+    PARKED_METRICS_NAME,
+    RunLock,
+    atomic_write_text,
+    has_metrics,
+    park_metrics,
+    read_metrics,
+)
 from curvopt.training.rundir import is_set_aside
 
 PACKED_METRICS = "metrics.parquet"
-PACKED_RUNS = "runs.jsonl"
+PACKED_RUNS = PACKED_RUNS_NAME
 RECORD_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
+UNFINISHED = ("running", "interrupted")  # summary statuses of a run that is not over: never packed
 JSON_COLUMNS_KEY = b"curvopt:json_columns"
 NONFINITE = {
     "nan": math.nan,
@@ -230,7 +248,7 @@ class PackResult:
         runs: Runs in the pack.
         rows: Metrics rows in the pack.
         removed_files: Record files deleted after the check.
-        skipped: Run ids left unpacked (no summary, or locked by a live run).
+        skipped: Run ids left unpacked (no summary, locked by a live run, or not over).
         bytes_before: Size of the packed runs' record files.
         bytes_after: Size of ``metrics.parquet`` + ``runs.jsonl``.
     """
@@ -250,8 +268,8 @@ def pack_experiment(
     """Fold the loose runs of ``exp_dir`` (and an existing pack) into ``metrics.parquet`` + ``runs.jsonl``.
 
     The pack is checked against the files before the packed runs' files are deleted. A loose
-    run with a run_id already in the pack replaces the packed one; runs without a summary or
-    with a ``run.lock`` are skipped.
+    run with a run_id already in the pack replaces the packed one; runs without a summary, with
+    a ``run.lock``, or whose summary says they are not over (:data:`UNFINISHED`) are skipped.
 
     Args:
         exp_dir: The experiment directory.
@@ -283,6 +301,9 @@ def pack_experiment(
     for run_dir in loose_run_dirs(exp_dir):
         if not (run_dir / "summary.json").exists() or (run_dir / "run.lock").exists():
             skipped.append(run_dir.name)  # running or killed: left for the run (or a rerun) to finish
+            continue
+        if (_json_load(run_dir / "summary.json") or {}).get("status") in UNFINISHED:
+            skipped.append(run_dir.name)  # stopped by a signal: left for trainer.resume=true
             continue
         rows = read_metrics(run_dir / "metrics.jsonl")
         columns: list[str] = []
@@ -459,6 +480,89 @@ def move_run(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
+def unpack_run(run_dir: str | Path) -> int:
+    r"""Put a packed run's records back into its directory and take it out of the pack.
+
+    ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` are written into ``run_dir`` (which
+    may hold the run's checkpoint and ``overrides.yaml``, left as they are); then the pack is
+    rewritten without the run. Its other runs are not touched. A crash in between leaves the run
+    both loose and packed, with the same rows, which packing again resolves.
+
+    Args:
+        run_dir: ``<experiment dir>/<run_id>`` of a packed run.
+
+    Returns:
+        The number of metrics rows written.
+
+    Raises:
+        FileNotFoundError: The run is not in its experiment's pack.
+        FileExistsError: ``run_dir`` already holds loose records (config, summary or metrics).
+        RunInUseError: A live process owns ``run_dir``.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> run = root / "exp" / "r"
+        >>> run.mkdir(parents=True)
+        >>> _ = (run / "config.yaml").write_text("seed: 0\n")
+        >>> _ = (run / "summary.json").write_text('{"status": "completed"}')
+        >>> _ = (run / "metrics.jsonl").write_text('{"step": 0, "loss": 1.5}\n')
+        >>> pack_experiment(root / "exp").runs
+        1
+        >>> unpack_run(run)
+        1
+        >>> (run / "metrics.jsonl").read_text()
+        '{"step": 0, "loss": 1.5}\n'
+        >>> is_packed(root / "exp")
+        False
+    """
+    run_dir = Path(run_dir)
+    exp_dir, run_id = run_dir.parent, run_dir.name
+    entry = next((r for r in read_packed_runs(exp_dir) if r["run_id"] == run_id), None)
+    if entry is None:
+        raise FileNotFoundError(f"{run_id} is not in the pack of {exp_dir} (no {PACKED_RUNS} entry)")
+    loose = [f for f in (*RECORD_FILES, PARKED_METRICS_NAME) if (run_dir / f).exists()]
+    if loose:
+        raise FileExistsError(
+            f"{run_dir} already holds {', '.join(loose)}: a run there has records of its own; move them "
+            "elsewhere (or pack the experiment, which keeps the loose run) before unpacking"
+        )
+    if run_dir.is_dir():
+        RunLock(run_dir).check()
+    rows = _loose_rows(exp_dir, entry)
+    run_dir.mkdir(exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(entry["config"], sort_keys=False))
+    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+    text = json.dumps(entry["summary"], indent=2, sort_keys=True, allow_nan=False, default=str)
+    atomic_write_text(run_dir / "summary.json", text + "\n")
+    _drop_from_pack(exp_dir, run_id)
+    return len(rows)
+
+
+def _drop_from_pack(exp_dir: Path, run_id: str) -> None:
+    """Rewrite the pack of ``exp_dir`` without ``run_id`` (both files; removed when it was the last run)."""
+    entries = [r for r in read_packed_runs(exp_dir) if r["run_id"] != run_id]
+    metrics, runs = exp_dir / PACKED_METRICS, exp_dir / PACKED_RUNS
+    if not entries:
+        metrics.unlink(missing_ok=True)
+        runs.unlink()
+        return
+    table = pq.read_table(metrics)
+    meta = table.schema.metadata
+    kept_columns = ["run_id"]
+    for r in entries:
+        kept_columns += [c for c in r["columns"] if c not in kept_columns and c in table.column_names]
+    table = table.filter(pc.not_equal(table["run_id"], run_id)).select(kept_columns)
+    table = table.replace_schema_metadata(meta)
+    tmp_metrics, tmp_runs = exp_dir / f".{PACKED_METRICS}.tmp", exp_dir / f".{PACKED_RUNS}.tmp"
+    pq.write_table(table, tmp_metrics, compression="zstd", use_dictionary=["run_id"])
+    with tmp_runs.open("w") as fh:
+        for r in entries:
+            fh.write(json.dumps(r, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+    tmp_metrics.replace(metrics)
+    tmp_runs.replace(runs)
+
+
 def experiments_under(path: str | Path) -> list[Path]:
     """The experiment directories at or directly below ``path``.
 
@@ -510,11 +614,29 @@ def main(argv: list[str] | None = None) -> int:
         help="gzip a paused run's metrics.jsonl into metrics.jsonl.gz (about 4.5x smaller, for committing "
         "it beside its checkpoint); still readable, and a resume unparks it",
     )
+    parser.add_argument(
+        "--unpack",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="RUN_DIR",
+        help="put a packed run's records back into RUN_DIR (<experiment dir>/<run_id>) and take it out of "
+        "the pack, so that trainer.resume=true can extend it",
+    )
     parser.add_argument("--keep", action="store_true", help="write the pack but keep the run directories")
     parser.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "none"])
     args = parser.parse_args(argv)
-    if not args.paths and not args.move and not args.park:
-        parser.error("give an experiment directory to pack, --move SRC DST or --park RUN_DIR")
+    if not args.paths and not args.move and not args.park and not args.unpack:
+        parser.error(
+            "give an experiment directory to pack, --move SRC DST, --park RUN_DIR or --unpack RUN_DIR"
+        )
+    for run_dir in args.unpack:
+        try:
+            rows = unpack_run(run_dir)
+        except (FileNotFoundError, FileExistsError, RunInUseError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"unpacked {run_dir}: {rows} rows, config.yaml and summary.json; it is out of the pack")
     for run_dir in args.park:
         try:
             before = (run_dir / "metrics.jsonl").stat().st_size if (run_dir / "metrics.jsonl").exists() else 0
@@ -539,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
             found = True
             res = pack_experiment(exp, remove=not args.keep, compression=args.compression)
             skipped = (
-                f"; left unpacked (no summary or locked): {', '.join(res.skipped)}" if res.skipped else ""
+                f"; left unpacked (running, interrupted or killed): {', '.join(res.skipped)}"
+                if res.skipped
+                else ""
             )
             print(
                 f"{exp}: {res.runs} runs, {res.rows} rows -> {PACKED_METRICS} + {PACKED_RUNS} "

@@ -23,6 +23,7 @@ from curvopt.errors import RunInUseError
 
 METRICS_NAME = "metrics.jsonl"
 PARKED_METRICS_NAME = "metrics.jsonl.gz"  # a paused run's rows, gzipped for git (park_metrics)
+PACKED_RUNS_NAME = "runs.jsonl"  # an experiment's packed runs, one JSON line each (curvopt.analysis.pack)
 
 
 def _jsonable(value: Any) -> Any:
@@ -241,6 +242,25 @@ def has_metrics(run_dir: Path) -> bool:
     """
     run_dir = Path(run_dir)
     return (run_dir / METRICS_NAME).exists() or (run_dir / PARKED_METRICS_NAME).exists()
+
+
+def packed_run_ids(exp_dir: Path) -> set[str]:
+    """The run ids whose records an experiment directory holds packed (``runs.jsonl``).
+
+    A packed run's own directory keeps at most what packing does not move (a checkpoint, its
+    overrides); its rows live in the experiment's ``metrics.parquet`` (:mod:`curvopt.analysis.pack`).
+
+    Args:
+        exp_dir: The experiment directory.
+
+    Returns:
+        The packed run ids; empty when the experiment is not packed.
+    """
+    path = Path(exp_dir) / PACKED_RUNS_NAME
+    if not path.exists():
+        return set()
+    with path.open() as fh:
+        return {json.loads(line)["run_id"] for line in fh if line.strip()}
 
 
 def park_metrics(run_dir: Path) -> Path:

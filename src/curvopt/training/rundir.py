@@ -9,6 +9,10 @@ loaded, :func:`check_run_dir` decides from its files what the command may do wit
   ``<run_id>.<status>-<time>/`` (never deleted);
 * anything else that holds records (finished, failed, interrupted or killed) is refused with a
   message that says which flag does what.
+* a run id whose rows were packed into its experiment directory (``metrics.parquet``,
+  :mod:`curvopt.analysis.pack`) is refused whatever the flags, until
+  ``python -m curvopt.analysis.pack --unpack <run_dir>`` brings its rows back: a run continued
+  or started there would otherwise replace the packed rows at the next packing.
 
 On resume the run's saved ``config.yaml`` is its config (:func:`resume_config`): the command
 line may only *extend* the run (:data:`EXTEND_KEYS`) or change where and how it is observed
@@ -37,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
 from curvopt.training.checkpoint import CHECKPOINT_NAME, checkpoint_config, verify_checkpoint
-from curvopt.training.records import METRICS_NAME, PARKED_METRICS_NAME
+from curvopt.training.records import METRICS_NAME, PARKED_METRICS_NAME, packed_run_ids
 
 RECORD_FILES = (
     "config.yaml",
@@ -225,11 +229,14 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
     Raises:
         ConfigError: If both ``resume`` and ``restart`` are set.
         NoCheckpointError: If ``resume`` is set and there is no checkpoint.
-        RunExistsError: If the directory holds records and neither flag says what to do; the
-            message names the flags that would work.
+        RunExistsError: If the directory holds records and neither flag says what to do (the
+            message names the flags that would work), or if the run's rows are packed in its
+            experiment directory (they are unpacked first, whatever the flags).
     """
     if resume and restart:
         raise ConfigError("trainer.resume=true and trainer.restart=true exclude each other; choose one")
+    if not (run_dir / METRICS_NAME).exists() and not (run_dir / PARKED_METRICS_NAME).exists():
+        _refuse_packed(run_dir, resume, restart)
     records = run_dir.is_dir() and has_records(run_dir)
     if resume:
         if not (run_dir / CHECKPOINT_NAME).exists():
@@ -261,6 +268,32 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
         + ("continue it with trainer.resume=true, or " if resumable else "")
         + "start it again with trainer.restart=true (the old records are moved aside, not deleted)"
     )
+
+
+def _refuse_packed(run_dir: Path, resume: bool, restart: bool) -> None:
+    """Refuse a run id whose rows are packed in its experiment directory.
+
+    A resumed or new run there would write a metrics file that holds only its own rows, and
+    packing again would replace the packed run with it: the earlier rows would be lost. The rows
+    come back first with ``python -m curvopt.analysis.pack --unpack <run_dir>``.
+
+    Raises:
+        RunExistsError: ``run_dir``'s run id is in its experiment's pack.
+    """
+    if run_dir.name not in packed_run_ids(run_dir.parent):
+        return
+    unpack = f"python -m curvopt.analysis.pack --unpack {run_dir}"
+    where = f"the records of run {run_dir.name} are packed in {run_dir.parent} (metrics.parquet, runs.jsonl)"
+    if resume:
+        todo = f"unpack them first ({unpack}), then resume with the same command"
+    elif restart:
+        todo = f"unpack them first ({unpack}); trainer.restart=true then moves them aside"
+    else:
+        todo = (
+            "choose another run_id, or unpack them "
+            f"({unpack}) and continue it with trainer.resume=true or run it again with trainer.restart=true"
+        )
+    raise RunExistsError(f"{where}; {todo}")
 
 
 _ASIDE = re.compile(r"\.(completed|diverged|failed|interrupted|killed|running)-\d{8}-\d{6}(-\d+)?$")

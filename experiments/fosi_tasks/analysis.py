@@ -169,7 +169,7 @@ def train_curve(rows: pd.DataFrame, task: Task, clock: str = "algo") -> pd.DataF
         per_step = steps["epoch"].to_numpy(dtype=float)
         window = np.maximum(np.ceil(per_step - 1e-9) - 1, 0).astype(int)
     else:
-        evals = rows[rows[task.val_loss].notna()]["step"].to_numpy() if task.val_loss in rows else []
+        evals = rows[scheduled_evaluations(rows, task.val_loss)]["step"].to_numpy()
         edges = np.unique(np.r_[0, evals])
         window = np.searchsorted(edges, steps["step"].to_numpy(), side="left")
     steps["window"] = window
@@ -185,12 +185,30 @@ def train_curve(rows: pd.DataFrame, task: Task, clock: str = "algo") -> pd.DataF
     return out
 
 
+def scheduled_evaluations(rows: pd.DataFrame, column: str) -> pd.Series:
+    """Rows holding an evaluation of ``column`` made on the run's schedule: at a multiple of its
+    ``trainer.eval_every``, or at its last step.
+
+    A run continued in segments (``trainer.max_steps`` raised at each resume, as the FOSI AE and LM
+    paper runs are on a CPU) also evaluates where each segment ended. Those extra points would give it
+    a finer grid than a run made in one go, so times to a target would favour it: they are left out.
+    Runs without a recorded ``eval_every`` keep every evaluation.
+    """
+    has = rows[column].notna() if column in rows else pd.Series(False, index=rows.index)
+    every = pd.to_numeric(rows["eval_every"], errors="coerce").dropna() if "eval_every" in rows else []
+    if len(every) == 0 or every.iloc[0] <= 0:
+        return has
+    step = rows["step"].astype(int)
+    return has & ((step % int(every.iloc[0]) == 0) | (step == step.max()))
+
+
 def eval_curve(rows: pd.DataFrame, column: str, clock: str = "algo", scale: float = 1.0) -> pd.DataFrame:
-    """Logged evaluation points of ``column`` (step 0 included), non-finite values dropped."""
+    """Scheduled evaluation points of ``column`` (step 0 included; :func:`scheduled_evaluations`),
+    non-finite values dropped."""
     col = _clock(clock)
     if column not in rows:
         return pd.DataFrame(columns=["step", "epoch", "time", "value"])
-    pts = rows[rows[column].notna()][["step", "epoch", col, column]].copy()
+    pts = rows[scheduled_evaluations(rows, column)][["step", "epoch", col, column]].copy()
     pts[column] = _finite(pts[column])
     pts = pts[np.isfinite(pts[column].to_numpy(dtype=float))]
     return pd.DataFrame(

@@ -61,7 +61,8 @@ def exit_code(summary: dict[str, Any]) -> int:
     Args:
         summary: The run's ``summary.json`` as a dict; its ``status`` (``completed``,
             ``diverged``, ``interrupted``, anything else = failed) and, for interrupted runs,
-            ``stop_reason`` (``sigterm...`` or a SIGINT reason) decide the code.
+            ``stop_reason`` (``sigterm...``, ``paused`` (``trainer.pause_at_step``: 0) or a SIGINT
+            reason) decide the code.
 
     Returns:
         One of :data:`EXIT_COMPLETED`, :data:`EXIT_DIVERGED`, :data:`EXIT_SIGTERM`,
@@ -72,6 +73,8 @@ def exit_code(summary: dict[str, Any]) -> int:
         return EXIT_COMPLETED
     if status == "diverged":
         return EXIT_DIVERGED
+    if status == "interrupted" and summary.get("stop_reason") == "paused":
+        return EXIT_COMPLETED  # trainer.pause_at_step: stopped where the command asked
     if status == "interrupted":
         return EXIT_SIGTERM if str(summary.get("stop_reason")).startswith("sigterm") else EXIT_SIGINT
     return EXIT_FAILED

@@ -238,3 +238,26 @@ def test_ae_lbfgs_that_did_not_diverge_is_drawn(tmp_path):
     assert any("L-BFGS (L=10) drawn" in n and "did not diverge" in n for n in notes)
     _, notes = figures.figure6(task, runs, "quick", "algo", tmp_path / "f6b.png", paper_omissions=False)
     assert not any("L-BFGS" in n for n in notes)
+
+
+@pytest.mark.parametrize("eval_every", [None, 2])
+def test_a_segment_end_evaluation_does_not_count(tmp_path, eval_every):
+    """A run continued in segments also evaluates where each segment ended (step 3 here, off the
+    every-2-steps schedule). Times to the base's best use the scheduled evaluations only, as a run
+    made in one go has them; without a recorded schedule every evaluation counts."""
+    _write_run(
+        tmp_path, "fosi_lr", "heavy_ball_quick_s0", "heavy_ball", _lr_rows([0.8, 0.85, 0.9], [0.5] * 3, 1.0)
+    )
+    rows = _lr_rows([0.85, 0.88, 0.91], [0.3] * 3, 1.5)
+    rows[3].update({"test/accuracy": 0.95, "test/loss": 0.1})  # step 3, t = 4.5 s: a segment's end
+    _write_run(tmp_path, "fosi_lr", "fosi_heavy_ball_quick_s0", "fosi_heavy_ball", rows)
+    if eval_every is not None:
+        for run in ("heavy_ball_quick_s0", "fosi_heavy_ball_quick_s0"):
+            cfg_path = tmp_path / "fosi_lr" / run / "config.yaml"
+            cfg = yaml.safe_load(cfg_path.read_text())
+            cfg_path.write_text(yaml.safe_dump({**cfg, "trainer": {"eval_every": eval_every}}))
+    runs = {"lr": analysis.load_task(tmp_path, analysis.TASKS["lr"], "quick")}
+    table = analysis.time_table(runs, "val").set_index(["task", "optimizer"])
+    assert table.loc[("lr", "heavy_ball"), "seconds"] == pytest.approx(6.0)
+    expected = 4.5 if eval_every is None else 9.0  # scheduled: 0.91 at step 6 (6 * 1.5 s)
+    assert table.loc[("lr", "fosi_heavy_ball"), "seconds"] == pytest.approx(expected)

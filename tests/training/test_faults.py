@@ -408,6 +408,7 @@ def test_exit_codes_tell_the_endings_apart():
         ("trainer.max_epochs=0", r"trainer.max_epochs=0"),
         ("trainer.max_algo_time_s=nan", r"trainer.max_algo_time_s=nan"),
         ("trainer.patience_evals=0", r"trainer.patience_evals=0"),
+        ("trainer.pause_at_step=0", r"trainer.pause_at_step=0"),
         ("trainer.dtype=float16", r"trainer.dtype='float16' is not supported; choose one of float32"),
         ("trainer.device=gpu", r"trainer.device='gpu'"),
         ("trainer.sampling=random", r"trainer.sampling='random'"),
@@ -624,3 +625,28 @@ def test_a_packed_run_is_refused_until_unpacked_then_extended_with_every_row(tmp
     rows = comparable_rows(read_metrics(exp / "r" / "metrics.jsonl"))
     assert sorted({r["step"] for r in rows}) == list(range(9))
     assert rows[: len(rows_before)] == rows_before
+
+
+@pytest.mark.parametrize("problem", ["fosi", "adam"])
+def test_a_run_paused_at_a_step_resumes_into_the_uninterrupted_run(tmp_path, problem):
+    """``trainer.pause_at_step`` splits a long run between sessions: it stops there as a signal
+    would (checkpoint, status interrupted, exit code 0, no extra evaluation), the pack leaves it
+    alone, and resuming without the flag gives the rows of a run made in one go. FOSI is paused
+    just before an ESE (ese_warmup 2 + ese_period 4: step 6), where its checkpoint has no basis."""
+    from curvopt.analysis import pack
+    from curvopt.training.checkpoint import read_checkpoint
+
+    extra = [*PROBLEMS[problem], "trainer.max_steps=10"]
+    full = _rows(_run(tmp_path, [*extra, "run_id=full"]))
+    part = _run(tmp_path, [*extra, "run_id=part", "trainer.pause_at_step=6"])
+    assert (part["status"], part["stop_reason"], part["steps"]) == ("interrupted", "paused", 6)
+    assert exit_code(part) == EXIT_COMPLETED and part["checkpoint_step"] == 6
+    run_dir = Path(part["run_dir"])
+    assert max(r["step"] for r in read_metrics(run_dir / "metrics.jsonl")) == 6
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "val/loss" in r] == [0, 5]
+    if problem == "fosi":
+        fosi = read_checkpoint(run_dir / "checkpoint.pt", torch.device("cpu"))["algorithm"]["fosi"]["fosi"]
+        assert fosi["basis_dropped_before_ese"] and fosi["V"] is None and fosi["ese_count"] == 1
+    assert "part" in pack.pack_experiment(run_dir.parent).skipped
+    resumed = _run(tmp_path, [*extra, "run_id=part", "trainer.resume=true"])
+    assert resumed["status"] == "completed" and _rows(resumed) == full

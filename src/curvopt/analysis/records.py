@@ -178,6 +178,7 @@ def load_runs(results_dir: str | Path, experiment: str, status: str | None = Non
             ("num_threads", "cfg.trainer.num_threads"),
             ("num_train", "cfg.dataset.num_train"),
             ("max_algo_time_s", "cfg.trainer.max_algo_time_s"),
+            ("eval_every", "cfg.trainer.eval_every"),
         ):
             frame[key] = s.get(col)
         if frame["device"].isna().all():  # a run still in progress has no summary yet

@@ -577,6 +577,9 @@ class Trainer:
             if self._stop_requested(signals):
                 self.status = "interrupted"
                 return signals.name or "signal"
+            if self.cfg.pause_at_step is not None and self.step >= self.cfg.pause_at_step:
+                self.status = "interrupted"  # as a signal here would: checkpoint, no evaluation
+                return "paused"
             t_data = time.perf_counter()
             excluded_before = self.eval_time
             try:

@@ -66,6 +66,7 @@ ENVIRONMENT_PREFIXES = ("paths.", "logger.", "hydra.")
 ENVIRONMENT_KEYS = (
     "trainer.resume",
     "trainer.restart",
+    "trainer.pause_at_step",
     "trainer.allow_config_change",
     "trainer.progress",
     "trainer.progress_log_every_s",

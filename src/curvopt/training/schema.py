@@ -85,6 +85,12 @@ class TrainerConfig:
             last one (long runs that must survive a restart on another machine); ``None`` or 0:
             off.
         keep_checkpoint: Keep ``checkpoint.pt`` after a completed run.
+        pause_at_step: Stop at this step as a stop signal would (a checkpoint there, status
+            ``interrupted``, stop reason ``paused``, exit code 0), so that a run longer than one
+            session is split without changing its records: ``trainer.resume=true`` continues it
+            as if it had never stopped (no extra evaluation where it paused, unlike a raised
+            ``max_steps``). Not part of the run's config: each command line sets its own.
+            ``None``: off.
         resume: Continue ``<paths.results_dir>/<experiment>/<run_id>/`` from its checkpoint, with
             its saved config (docs/resume.md).
         restart: Run an existing ``run_id`` again from step 0; its old records are moved aside,
@@ -135,6 +141,7 @@ class TrainerConfig:
     checkpoint_every: int = 0
     checkpoint_every_s: float | None = None
     keep_checkpoint: bool = True
+    pause_at_step: int | None = None
     resume: bool = False
     restart: bool = False
     allow_config_change: bool = False
@@ -162,6 +169,7 @@ class TrainerConfig:
             setattr(self, key, _whole(key, getattr(self, key), none_ok=False))
         self.checkpoint_every = _whole("checkpoint_every", self.checkpoint_every, none_ok=False)
         self.patience_evals = _whole("patience_evals", self.patience_evals, none_ok=True)
+        self.pause_at_step = _whole("pause_at_step", self.pause_at_step, none_ok=True)
         for key in ("max_epochs", "max_algo_time_s", "checkpoint_every_s", "progress_log_every_s"):
             setattr(self, key, _number(key, getattr(self, key)))
         for key in ("sampling", "monitor", "monitor_mode", "clock", "dist_backend"):
@@ -187,8 +195,9 @@ class TrainerConfig:
             ("log_every", 1),
             ("checkpoint_every", 0),
             ("patience_evals", 1),
+            ("pause_at_step", 1),
         ):
-            _at_least(key, getattr(self, key), minimum, none_ok=key == "patience_evals")
+            _at_least(key, getattr(self, key), minimum, none_ok=key in ("patience_evals", "pause_at_step"))
         _in_range("max_epochs", self.max_epochs, positive=True, none_ok=True)
         _in_range("max_algo_time_s", self.max_algo_time_s, positive=True, none_ok=True)
         _in_range("checkpoint_every_s", self.checkpoint_every_s, positive=False, none_ok=True)  # 0 = off

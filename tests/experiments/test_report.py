@@ -530,3 +530,25 @@ def test_shf_table2_metric_choice(tmp_path: Path) -> None:
     assert rows_f.loc["shf_lsmr", "ours test (f)"] == pytest.approx(1.435)
     assert rows_f.loc["shf_lsmr", "test gap (rel.)"] == "+0.0%"
     assert "100.0%" in rows_e.loc["shf_lsmr", "test gap (rel.)"]
+
+
+@pytest.mark.parametrize("fosi_hits_at", [None, 8.0])
+def test_fosi_table1_waits_for_a_paused_run(tmp_path: Path, fosi_hits_at: float | None) -> None:
+    """A FOSI run paused between sessions (status interrupted) that has not reached the base's best
+    yet is 'in progress', not 'never'; one that has reached it already has its final time."""
+    item = [i for i in ITEMS if i.paper == "fosi" and i.key == "table1"]
+    fosi_lr_runs(tmp_path, fosi_hits_at=fosi_hits_at or 8.0)
+    run = tmp_path / "fosi_lr" / "fosi_heavy_ball_paper_s0"
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    if fosi_hits_at is None:  # paused before reaching HB's 0.92
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        rows = [{**r, "test/accuracy": 0.91} if "test/accuracy" in r else r for r in rows]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = statuses(tmp_path, item)["fosi/table1"]
+    if fosi_hits_at is None:
+        assert res.status == core.NOT_RUN and "in progress: lr FOSI-heavy_ball/heavy_ball" in " ".join(
+            res.notes
+        )
+    else:
+        assert res.rows.set_index("task").loc["lr", "ours ratio"] == pytest.approx(0.4)

@@ -189,8 +189,9 @@ def scheduled_evaluations(rows: pd.DataFrame, column: str) -> pd.Series:
     """Rows holding an evaluation of ``column`` made on the run's schedule: at a multiple of its
     ``trainer.eval_every``, or at its last step.
 
-    A run continued in segments (``trainer.max_steps`` raised at each resume, as the FOSI AE and LM
-    paper runs are on a CPU) also evaluates where each segment ended. Those extra points would give it
+    A run continued in segments by raising ``trainer.max_steps`` at each resume (as the AE FOSI-HB
+    paper run's first four were; ``trainer.pause_at_step`` adds no evaluation) also evaluates where
+    each segment ended. Those extra points would give it
     a finer grid than a run made in one go, so times to a target would favour it: they are left out.
     Runs without a recorded ``eval_every`` keep every evaluation.
     """

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from curvopt.analysis.pack import UNFINISHED
 from experiments.report.core import (
     NOT_PAPER_SCALE,
     QUALITATIVE,
@@ -64,7 +65,8 @@ def _fosi_tasks(ctx: Context) -> tuple[Any, dict[str, dict[str, pd.DataFrame]], 
     return analysis, runs, profiles, pd.concat(all_sums, ignore_index=True)
 
 
-NOT_OVER = ("interrupted", "running", "running_or_killed")  # summary statuses of a run not finished
+# summary statuses of a run not finished: those packing leaves alone, and a run without a summary
+NOT_OVER = (*UNFINISHED, "running_or_killed")
 
 
 def _fosi_time_table(ctx: Context, which: str, key: str) -> ItemResult:

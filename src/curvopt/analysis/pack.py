@@ -343,15 +343,7 @@ def pack_experiment(
             json_columns.append(c)
     table = pa.Table.from_arrays(arrays, names=["run_id", *all_columns])
     table = table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(json_columns).encode()})
-    tmp_metrics, tmp_runs = exp_dir / f".{PACKED_METRICS}.tmp", exp_dir / f".{PACKED_RUNS}.tmp"
-    pq.write_table(table, tmp_metrics, compression=compression, use_dictionary=["run_id"])
-    with tmp_runs.open("w") as fh:
-        for rid in order:
-            r = runs[rid]
-            line = {"run_id": rid, "columns": r["columns"], "summary": r["summary"], "config": r["config"]}
-            fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
-    tmp_metrics.replace(exp_dir / PACKED_METRICS)
-    tmp_runs.replace(exp_dir / PACKED_RUNS)
+    _write_pack(exp_dir, table, [runs[rid] for rid in order], compression)
     _verify(exp_dir, packed_dirs)
     removed = 0
     if remove:
@@ -366,6 +358,36 @@ def pack_experiment(
                 shutil.rmtree(run_dir)
     after = sum((exp_dir / f).stat().st_size for f in (PACKED_METRICS, PACKED_RUNS))
     return PackResult(exp_dir, len(order), len(ids), removed, skipped, bytes_before, after)
+
+
+def _write_pack(
+    exp_dir: Path, table: pa.Table, entries: list[dict[str, Any]], compression: str = "zstd"
+) -> None:
+    """Write ``metrics.parquet`` and ``runs.jsonl`` (one line per entry, in the table's run order).
+
+    Each goes through a temporary file that replaces it in one step.
+    """
+    tmp_metrics, tmp_runs = exp_dir / f".{PACKED_METRICS}.tmp", exp_dir / f".{PACKED_RUNS}.tmp"
+    pq.write_table(table, tmp_metrics, compression=compression, use_dictionary=["run_id"])
+    with tmp_runs.open("w") as fh:
+        for r in entries:
+            line = {
+                "run_id": r["run_id"],
+                "columns": r["columns"],
+                "summary": r["summary"],
+                "config": r["config"],
+            }
+            fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+    tmp_metrics.replace(exp_dir / PACKED_METRICS)
+    tmp_runs.replace(exp_dir / PACKED_RUNS)
+
+
+def _write_records(run_dir: Path, summary: Any, config: Any, rows: list[dict[str, Any]]) -> None:
+    """A loose run's three record files, as the run logger writes them (each atomically)."""
+    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str)
+    atomic_write_text(run_dir / "summary.json", text + "\n")
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
 
 
 def _verify(exp_dir: Path, run_dirs: list[Path]) -> None:
@@ -465,13 +487,7 @@ def move_run(src: str | Path, dst: str | Path) -> Path:
         shutil.copytree(src, tmp)
     else:
         tmp.mkdir()
-    (tmp / "summary.json").write_text(
-        json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
-    )
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    with (tmp / "metrics.jsonl").open("w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r, allow_nan=False) + "\n")
+    _write_records(tmp, summary, config, rows)
     tmp.rename(dst)
     if not loose:
         pack_experiment(src_exp, drop=(old_id,))
@@ -531,10 +547,7 @@ def unpack_run(run_dir: str | Path) -> int:
         RunLock(run_dir).check()
     rows = _loose_rows(exp_dir, entry)
     run_dir.mkdir(exist_ok=True)
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(entry["config"], sort_keys=False))
-    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
-    text = json.dumps(entry["summary"], indent=2, sort_keys=True, allow_nan=False, default=str)
-    atomic_write_text(run_dir / "summary.json", text + "\n")
+    _write_records(run_dir, entry["summary"], entry["config"], rows)
     _drop_from_pack(exp_dir, run_id)
     return len(rows)
 
@@ -553,14 +566,7 @@ def _drop_from_pack(exp_dir: Path, run_id: str) -> None:
     for r in entries:
         kept_columns += [c for c in r["columns"] if c not in kept_columns and c in table.column_names]
     table = table.filter(pc.not_equal(table["run_id"], run_id)).select(kept_columns)
-    table = table.replace_schema_metadata(meta)
-    tmp_metrics, tmp_runs = exp_dir / f".{PACKED_METRICS}.tmp", exp_dir / f".{PACKED_RUNS}.tmp"
-    pq.write_table(table, tmp_metrics, compression="zstd", use_dictionary=["run_id"])
-    with tmp_runs.open("w") as fh:
-        for r in entries:
-            fh.write(json.dumps(r, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
-    tmp_metrics.replace(metrics)
-    tmp_runs.replace(runs)
+    _write_pack(exp_dir, table.replace_schema_metadata(meta), entries)
 
 
 def experiments_under(path: str | Path) -> list[Path]:

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
 from curvopt.training.checkpoint import CHECKPOINT_NAME, checkpoint_config, verify_checkpoint
-from curvopt.training.records import METRICS_NAME, PARKED_METRICS_NAME, packed_run_ids
+from curvopt.training.records import METRICS_NAME, PARKED_METRICS_NAME, has_metrics, packed_run_ids
 
 RECORD_FILES = (
     "config.yaml",
@@ -236,7 +236,7 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
     """
     if resume and restart:
         raise ConfigError("trainer.resume=true and trainer.restart=true exclude each other; choose one")
-    if not (run_dir / METRICS_NAME).exists() and not (run_dir / PARKED_METRICS_NAME).exists():
+    if not has_metrics(run_dir):
         _refuse_packed(run_dir, resume, restart)
     records = run_dir.is_dir() and has_records(run_dir)
     if resume:

@@ -824,8 +824,10 @@ def run_record(job: Job, results: Path, sl: Slice, overlap: list[str]) -> dict[s
     if run.kind == "module":
         rec["command"] = f"python -m {run.spec['module']} " + " ".join(map(str, run.spec.get("args", [])))
         ok = job.code in run.spec.get("ok_codes", [0])
+        # a module that the work deadline stopped did not fail: it ran out of slice ("stopped")
+        bad = "stopped" if job.signalled is not None else "failed"
         rec["status"] = (
-            "kept" if job.action == "kept" else ("ok" if ok else job.action if job.code is None else "failed")
+            "kept" if job.action == "kept" else ("ok" if ok else job.action if job.code is None else bad)
         )
         return rec
     rdir = run.run_dir(results)

@@ -255,7 +255,7 @@ def test_deadline_sigterms_the_runs_then_kills_what_ignores_it(gs, tmp_path, mon
     assert code == 0 and time.time() - t0 < 30
     runs = {r["id"]: r for r in json.loads((out / "manifest.json").read_text())["runs"]}
     assert (
-        runs["polite"]["sigterm"] and not runs["polite"]["sigkill"] and runs["polite"]["status"] == "failed"
+        runs["polite"]["sigterm"] and not runs["polite"]["sigkill"] and runs["polite"]["status"] == "stopped"
     )
     assert runs["stubborn"]["sigkill"]
     assert runs["never"]["action"] == "not-started"

@@ -33,6 +33,7 @@ import resource
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="configurations measured at once (one process each; GPU: 4-6)"
+    )
     parser.add_argument("--one", nargs=3, metavar=("SIZE", "METHOD", "LAYERWISE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -207,27 +211,41 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.results / "alice_memory"
     out_dir.mkdir(parents=True, exist_ok=True)
     known = {m.key for m in TABLE2_METHODS}
+    unknown = [m for m in args.methods if m not in known]
+    if unknown:
+        raise SystemExit(f"unknown method {unknown[0]}; choose from {sorted(known)}")
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    todo = []
     for size in sizes:
         for method in args.methods:
-            if method not in known:
-                raise SystemExit(f"unknown method {method}; choose from {sorted(known)}")
             for layerwise in (False, True):
                 path = out_dir / f"{args.profile}_{size}_{method}{'_layerwise' if layerwise else ''}.json"
                 if path.exists():
                     print(f"[kept] {path}")
                     continue
-                cmd = [sys.executable, "-m", "experiments.alice_llm.memory", "--profile", args.profile, "--steps", str(args.steps),
-                       "--device", args.device, "--dtype", args.dtype,
-                       "--one", size, method, "1" if layerwise else "0"]  # fmt: skip
-                done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-                if done.returncode != 0:
-                    print(
-                        f"[failed] {size} {method} layerwise={layerwise}:\n{done.stderr[-2000:]}", flush=True
-                    )
-                    continue
-                record = json.loads(done.stdout.strip().splitlines()[-1])
-                path.write_text(json.dumps(record, indent=2) + "\n")
-                print(f"[measured] {path}: {record['peak_bytes'] / 2**20:.1f} MiB ({record['memory_kind']})")
+                todo.append((size, method, layerwise, path))
+
+    def one(size: str, method: str, layerwise: bool, path: Path) -> None:
+        cmd = [sys.executable, "-m", "experiments.alice_llm.memory", "--profile", args.profile, "--steps", str(args.steps),
+               "--device", args.device, "--dtype", args.dtype,
+               "--one", size, method, "1" if layerwise else "0"]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        if done.returncode != 0:
+            print(f"[failed] {size} {method} layerwise={layerwise}:\n{done.stderr[-2000:]}", flush=True)
+            return
+        record = json.loads(done.stdout.strip().splitlines()[-1])
+        record["concurrent_jobs"] = args.jobs
+        path.write_text(json.dumps(record, indent=2) + "\n")  # each record as soon as it is measured
+        print(
+            f"[measured] {path}: {record['peak_bytes'] / 2**20:.1f} MiB ({record['memory_kind']})", flush=True
+        )
+
+    # Each configuration runs in its own process, so its peak (CUDA's max allocated, or the CPU
+    # profiler's tensor peak) is its own even when several run at once on one device.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for future in [pool.submit(one, *job) for job in todo]:
+            future.result()
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ LLM_LABELS = {
     "adamw_fused": "Adam (AdamW, fused)",
     "adamw_foreach": "Adam (AdamW, foreach)",
     "racs": "RACS",
+    "racs_loop": "RACS (per-matrix loop)",
+    "racs_foreach": "RACS (foreach: stacked matrices)",
     "alice": "Alice",
     "alice0": "Alice-0",
     "galore": "GaLore",

@@ -66,11 +66,12 @@ def run_torch(opt_cls, W0, grads, **kw):
 
 @pytest.mark.parametrize("shape", [(6, 9), (9, 6), (7, 7)])
 @pytest.mark.parametrize("warm_start", [False, True])
-def test_racs_matches_numpy_reference(shape, warm_start):
+@pytest.mark.parametrize("foreach", [False, True])
+def test_racs_matches_numpy_reference(shape, warm_start, foreach):
     W0 = np.random.default_rng(1).standard_normal(shape)
     grads = growing_grads(shape, 5, seed=2)
     ref, etas = racs_reference(W0, grads, lr=0.1, warm_start=warm_start)
-    got, _, _ = run_torch(RACS, W0, grads, lr=0.1, warm_start=warm_start)
+    got, _, _ = run_torch(RACS, W0, grads, lr=0.1, warm_start=warm_start, foreach=foreach)
     assert any(e < 1.0 for e in etas), "test data should exercise the limiter"
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -245,3 +246,119 @@ def test_non_finite_gradient_is_refused_before_any_change(bad):
         for key, value in st.items():
             if torch.is_tensor(value):
                 assert torch.equal(value, state["state"][i][key]), (i, key)
+
+
+# --- foreach (stacked same-shape matrices; the default on CUDA) against the per-matrix loop ---
+
+MIXED_SHAPES = [(6, 9), (6, 9), (9, 6), (6, 9), (7, 7), (9, 6), (5,), (3, 4, 2)]
+
+
+def _mixed_model(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.nn.Parameter(torch.randn(s, generator=g, dtype=torch.float64).to(dtype)) for s in MIXED_SHAPES
+    ]
+
+
+def _grouped(params, **kw):
+    mats = [p for p in params if p.dim() == 2]
+    rest = [p for p in params if p.dim() != 2]
+    return RACS([{"params": mats}, {"params": rest, "adam": True}], **kw)
+
+
+def _run_pair(dtype, steps=6, **kw):
+    """The same model and gradients through the loop and the foreach path."""
+    a, b = _mixed_model(dtype), _mixed_model(dtype)
+    oa, ob = _grouped(a, foreach=False, **kw), _grouped(b, foreach=True, **kw)
+    g = torch.Generator().manual_seed(1)
+    for t in range(steps):
+        grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) * 4.0 ** max(0, t - 2) for p in a]
+        for pa, pb, gr in zip(a, b, grads):
+            pa.grad, pb.grad = gr.to(dtype), gr.to(dtype)
+        oa.step()
+        ob.step()
+    return a, b, oa, ob
+
+
+@pytest.mark.parametrize("warm_start", [False, True])
+@pytest.mark.parametrize("limiter", [True, False])
+def test_foreach_matches_the_loop_float64(warm_start, limiter):
+    a, b, oa, ob = _run_pair(torch.float64, warm_start=warm_start, limiter=limiter, weight_decay=0.1)
+    for pa, pb in zip(a, b):
+        torch.testing.assert_close(pb, pa, rtol=1e-12, atol=1e-14)
+    for pa, pb in zip(a, b):
+        for key, val in oa.state[pa].items():
+            other = ob.state[pb][key]
+            if isinstance(val, torch.Tensor):
+                assert other.dtype == val.dtype and other.shape == val.shape
+                torch.testing.assert_close(other, val, rtol=1e-12, atol=1e-300)
+            else:
+                assert other == val
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_matches_the_loop_low_precision(dtype):
+    """fp32: the batched sums may round differently; bf16: the same, plus one rounding into p."""
+    a, b, _, _ = _run_pair(dtype)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    for pa, pb in zip(a, b):
+        assert pb.dtype == dtype
+        torch.testing.assert_close(pb.float(), pa.float(), rtol=tol, atol=tol)
+
+
+def test_foreach_adam_group_is_the_loops_arithmetic():
+    """Element-wise ops only: the foreach Adam group gives the loop's numbers exactly (fp32)."""
+    a, b, _, _ = _run_pair(torch.float32)
+    for pa, pb in zip(a, b):
+        if pa.dim() != 2:
+            assert torch.equal(pa, pb)
+
+
+def test_foreach_chunks_agree_with_one_chunk(monkeypatch):
+    """Buckets larger than FOREACH_CHUNK_NUMEL are split; chunk sizes do not change the step."""
+    import curvopt.optim.racs as racs_mod
+
+    _, one, _, _ = _run_pair(torch.float64)
+    monkeypatch.setattr(racs_mod, "FOREACH_CHUNK_NUMEL", 60)  # one 6x9 matrix per chunk
+    _, split, _, _ = _run_pair(torch.float64)
+    for p1, p2 in zip(one, split):
+        torch.testing.assert_close(p2, p1, rtol=1e-13, atol=1e-15)
+
+
+def test_foreach_state_dict_round_trip_and_switch():
+    """A foreach run's state loads into a loop optimizer (and back): the state layout is the same."""
+    a, b, oa, ob = _run_pair(torch.float64, steps=3)
+    saved = copy.deepcopy(ob.state_dict())
+    c = [torch.nn.Parameter(p.detach().clone()) for p in b]
+    oc = _grouped(c, foreach=False)
+    oc.load_state_dict(saved)
+    assert oc.param_groups[0]["foreach"] is True  # the saved group's setting comes back
+    oc.param_groups[0]["foreach"] = oc.param_groups[1]["foreach"] = False
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in b]
+    for pb, pc, gr in zip(b, c, grads):
+        pb.grad, pc.grad = gr.clone(), gr.clone()
+    ob.step()
+    oc.step()
+    for pb, pc in zip(b, c):
+        torch.testing.assert_close(pc, pb, rtol=1e-12, atol=1e-14)
+
+
+def test_foreach_defaults_to_the_loop_on_cpu_and_rejects_bad_values():
+    p = torch.nn.Parameter(torch.zeros(3, 4))
+    opt = RACS([p])
+    assert opt.param_groups[0]["foreach"] is None and not opt._use_foreach(opt.param_groups[0], [p])
+    with pytest.raises(ValueError, match="foreach"):
+        RACS([p], foreach="yes")
+
+
+def test_batched_fixed_point_solves_each_matrix():
+    torch.manual_seed(0)
+    P = torch.rand(4, 6, 9, dtype=torch.float64)
+    q0 = torch.rand(4, 6, dtype=torch.float64)
+    for start in (None, q0):
+        s, q = racs_fixed_point(P, 5, start)
+        for i in range(4):
+            si, qi = racs_fixed_point(P[i], 5, None if start is None else q0[i])
+            torch.testing.assert_close(s[i], si, rtol=1e-13, atol=0)
+            torch.testing.assert_close(q[i], qi, rtol=1e-13, atol=0)

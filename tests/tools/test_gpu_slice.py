@@ -55,7 +55,7 @@ def test_tracked_tree_stays_under_44_mb():
 def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     slices = gs.load_queue()
     assert [s.id for s in slices if s.auto] == [
-        "smoke-probe", "smoke-llama", "fosi-lm-paper", "bench", "mnist-paper", "mnist-shf-seeds",
+        "smoke-probe", "smoke-llama", "llm-sizes", "bench", "mnist-paper", "mnist-shf-seeds",
     ]  # fmt: skip
     for s in slices:
         assert 0 < s.gpu_minutes <= 13, s.id  # a session has 15 device minutes, a start costs 1-2
@@ -79,6 +79,19 @@ def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     assert mnist == [("hf_cg", 0), ("shf_lsmr", 0)] + [("hf_cg", s) for s in range(1, 5)]
     # two at a time: $OUT takes back two MNIST checkpoints, and six shared the GPU at 1.4x one's rate
     assert by_id["mnist-paper"].phases[0].parallel == by_id["mnist-shf-seeds"].phases[0].parallel == 2
+    # RACS's two step paths side by side, then Figure 4's memory (batch 1 x 256) at the four sizes
+    llm = {r.id: r.spec for r in by_id["llm-sizes"].runs}
+    assert {"racs_loop", "racs_foreach", "adamw_fused"} <= set(llm["bench-optim-foreach"]["args"])
+    assert llm["fig4-memory"]["args"][:8] == [
+        "--profile",
+        "paper",
+        "--sizes",
+        "60m",
+        "130m",
+        "350m",
+        "1b",
+        "--jobs",
+    ]
     # the C4 loader streams through HF datasets, which the device image lacks
     assert {"datasets", "dill", "multiprocess"} <= set(by_id["smoke-llama"].wheels)
     # the paper drivers' run ids and folders, so the figures read these runs
@@ -108,8 +121,9 @@ def test_ledger_picks_the_first_slice_not_done(gs, tmp_path):
     gs.append_ledger(ledger, {**row, "status": "done"})
     assert gs.next_slice(slices, ledger).id == "smoke-llama"
     gs.append_ledger(ledger, {**row, "slice": "smoke-llama", "status": "done"})
-    gs.append_ledger(ledger, {**row, "slice": "fosi-lm-paper", "status": "skip"})
-    assert gs.next_slice(slices, ledger).id == "bench"
+    assert gs.next_slice(slices, ledger).id == "llm-sizes"
+    gs.append_ledger(ledger, {**row, "slice": "llm-sizes", "status": "skip"})
+    assert gs.next_slice(slices, ledger).id == "bench"  # fosi-lm-paper is not picked automatically
     assert [r["status"] for r in gs.read_ledger(ledger)] == ["partial", "done", "done", "skip"]
     gs.read_ledger(ROOT / "docs" / "gpu_ledger.md")  # the committed one parses
 

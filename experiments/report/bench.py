@@ -217,44 +217,66 @@ SOURCES = {
 }
 
 
+# Where each device's outputs are, newest first: the CPU's full run, else its quick one; on CUDA the
+# slices' outputs (``cuda/foreach``: the llm-sizes slice's re-measurement of the RACS step paths).
+DEVICE_DIRS = {"cpu": ("", "quick"), "cuda": ("cuda/foreach", "cuda")}
+
+
+def device_label(data: dict) -> str:
+    """The device a benchmark JSON was measured on, as the table shows it ("CPU" or the GPU's name)."""
+    name = data.get("device_name") or data.get("device") or "cpu"
+    return "CPU" if str(name).lower() == "cpu" else str(name)
+
+
 def table(bench_dir: Path = BENCH, out_dir: Path = REPO / "results" / "tables") -> pd.DataFrame:
     """Build the cross-paper table and write ``bench_cross_paper.csv`` and ``bench_cross_paper.md``.
 
-    For each source of :data:`SOURCES` the full benchmark output in ``bench_dir`` is read, else
-    the quick-mode one in ``bench_dir/quick``; a source with neither is listed as not run, with
-    the command that produces it, under the Markdown table.
+    For each source of :data:`SOURCES` and each device of :data:`DEVICE_DIRS` the first output
+    found is read (CPU: the full benchmark output in ``bench_dir``, else the quick-mode one in
+    ``bench_dir/quick``; CUDA: ``bench_dir/cuda[/foreach]``); a source with no CPU output is listed
+    as not run, with the command that produces it, under the Markdown table. Ratios are always
+    to Adam on the same device.
 
     Args:
         bench_dir: Where the benchmark JSON files are (``results/benchmarks``).
         out_dir: Where the two tables are written (created if needed).
 
     Returns:
-        One row per (paper, task, optimizer): columns ``paper``, ``task``, ``optimizer``,
-        ``step ms``, ``step / Adam``, ``state MiB``, ``state / Adam`` (NaN: not measured),
-        ``notes`` and ``source`` (the JSON file it came from).
+        One row per (paper, task, optimizer, device): columns ``paper``, ``task``, ``optimizer``,
+        ``device``, ``step ms``, ``step / Adam``, ``state MiB``, ``state / Adam`` (NaN: not
+        measured), ``notes`` and ``source`` (the JSON file it came from).
     """
     rows, missing = [], []
     for name, (reader, cmd) in SOURCES.items():
-        # the paper's own full benchmark output first, else the quick-mode one
-        src = next((p for p in (bench_dir / name, bench_dir / "quick" / name) if p.exists()), None)
-        data = _load(src) if src else None
-        got = reader(data) if data else []
-        for row in got:
-            row["source"] = (
-                str(src.relative_to(bench_dir.parent)) if src.is_relative_to(bench_dir.parent) else str(src)
-            )
-        if got:
-            rows += got
-        else:
-            missing.append(f"{name}: not run (`make bench` or `{cmd}`)")
+        for device, subdirs in DEVICE_DIRS.items():
+            paths = [bench_dir / sub / name if sub else bench_dir / name for sub in subdirs]
+            src = next((p for p in paths if p.exists()), None)
+            data = _load(src) if src else None
+            got = reader(data) if data else []
+            for row in got:
+                row["device"] = device_label(data)
+                row["source"] = (
+                    str(src.relative_to(bench_dir.parent))
+                    if src.is_relative_to(bench_dir.parent)
+                    else str(src)
+                )
+            if got:
+                rows += got
+            elif device == "cpu":
+                missing.append(f"{name}: not run (`make bench` or `{cmd}`)")
     frame = pd.DataFrame(rows)
+    if not frame.empty:
+        cols = list(frame.columns)
+        cols.insert(cols.index("optimizer") + 1, cols.pop(cols.index("device")))
+        frame = frame[cols]
     out_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out_dir / "bench_cross_paper.csv", index=False)
     lines = [
         "# Cross-paper optimizer cost relative to Adam",
         "",
         "Step time and optimizer-state memory of every optimizer on the tasks it applies to, divided by Adam's "
-        "on the same task, read from `results/benchmarks/*.json` (`make bench`). CPU timings on a shared "
+        "on the same task and device, read from `results/benchmarks/*.json` (`make bench`; GPU rows: "
+        "`results/benchmarks/cuda/`, from the GPU slices of docs/gpu_ledger.md). CPU timings on a shared "
         "2-core machine are contended (load in the notes); '–' = not measured by that benchmark "
         "(bench_fgn and bench_fosi time steps only). SHF-LSMR has no Adam-comparable step benchmark.",
         "",

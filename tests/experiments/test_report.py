@@ -352,6 +352,25 @@ def test_bench_table_ratios_and_missing_sources(tmp_path: Path) -> None:
     (bench_dir / "bench_llm_optim.json").write_text(json.dumps(llm))
     frame = bench.table(bench_dir, tmp_path / "tables").set_index("optimizer")
     assert frame.loc["RACS", "step / Adam"] == pytest.approx(3.0)
+    assert frame.loc["RACS", "device"] == "CPU"
+    # GPU outputs are rows of their own, labelled with the device and divided by that device's Adam;
+    # the llm-sizes slice's cuda/foreach re-measurement wins over the earlier cuda/ one
+    (bench_dir / "cuda" / "foreach").mkdir(parents=True)
+    gpu = {**llm, "device": "cuda", "device_name": "NVIDIA H200"}
+    gpu["results"] = [{**llm["results"][0], "amortised_ms": 0.4}, {**llm["results"][1], "amortised_ms": 40.0}]
+    (bench_dir / "cuda" / "bench_llm_optim.json").write_text(json.dumps(gpu))
+    frame = bench.table(bench_dir, tmp_path / "tables")
+    gpu_racs = frame[(frame.optimizer == "RACS") & (frame.device == "NVIDIA H200")].iloc[0]
+    assert gpu_racs["step / Adam"] == pytest.approx(100.0) and gpu_racs["source"].endswith(
+        "cuda/bench_llm_optim.json"
+    )
+    assert list(frame.columns[:4]) == ["paper", "task", "optimizer", "device"]
+    gpu["results"][1]["amortised_ms"] = 0.8
+    (bench_dir / "cuda" / "foreach" / "bench_llm_optim.json").write_text(json.dumps(gpu))
+    frame = bench.table(bench_dir, tmp_path / "tables")
+    gpu_racs = frame[(frame.optimizer == "RACS") & (frame.device == "NVIDIA H200")].iloc[0]
+    assert gpu_racs["step / Adam"] == pytest.approx(2.0)
+    assert "| NVIDIA H200 |" in (tmp_path / "tables" / "bench_cross_paper.md").read_text()
 
 
 # -- FOSI Table 1 from hand-made records ----------------------------------------------------------------------

@@ -65,8 +65,12 @@ def build(method: str, params: list[torch.nn.Parameter], rank: int) -> torch.opt
         return RACS(params, lr=0.02)
     if method in ("racs_loop", "racs_foreach"):  # both paths on the same device, for the ratio
         return RACS(params, lr=0.02, foreach=method == "racs_foreach")
-    if method == "alice":
+    if method == "alice":  # foreach=None: plain steps stacked on CUDA, per-matrix loop on the CPU
         return Alice(params, lr=0.02, rank=rank, leading=40, update_interval=K)
+    if method in ("alice_loop", "alice_foreach"):
+        return Alice(
+            params, lr=0.02, rank=rank, leading=40, update_interval=K, foreach=method == "alice_foreach"
+        )
     if method == "alice0":
         return Alice(params, lr=0.02, rank=rank, leading=40, update_interval=K, betas=(0.9, 0.9, 0.0))
     if method == "galore":
@@ -89,7 +93,7 @@ def build(method: str, params: list[torch.nn.Parameter], rank: int) -> torch.opt
 def force_refresh_next(method: str, opt: torch.optim.Optimizer) -> bool:
     """Set every step counter so that the next step is a refresh (steady state, not t = 1)."""
     for st in opt.state.values():
-        if method in ("alice", "alice0"):
+        if method in ("alice", "alice0", "alice_loop", "alice_foreach"):
             st["step"] = 2 * K - 1  # next t = 2K ≡ 0 (mod K)
         elif method in ("galore", "fira", "apollo", "apollo_mini"):
             st["step"] = 2 * K  # upstream refreshes when the pre-increment step ≡ 0 (mod gap)
@@ -118,9 +122,14 @@ def time_steps(opt, params, grads, n) -> list[float]:
 
 
 def formula_bytes(method: str, shapes, rank: int) -> int | None:
-    key = {"adamw_fused": "adam", "adamw_foreach": "adam", "racs_loop": "racs", "racs_foreach": "racs"}.get(
-        method, method
-    )
+    key = {
+        "adamw_fused": "adam",
+        "adamw_foreach": "adam",
+        "racs_loop": "racs",
+        "racs_foreach": "racs",
+        "alice_loop": "alice",
+        "alice_foreach": "alice",
+    }.get(method, method)
     if key == "kozistr_alice":
         return None
     total = 0
@@ -194,6 +203,15 @@ def targets(res: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "target": "RACS foreach / per-matrix loop (plain; information)",
                 "ratio": res["racs_foreach"]["plain_ms"] / res["racs_loop"]["plain_ms"],
+                "limit": None,
+                "ok": None,
+            }
+        )
+    if "alice_foreach" in res and "alice_loop" in res:
+        out.append(
+            {
+                "target": "Alice foreach / per-matrix loop (plain; information)",
+                "ratio": res["alice_foreach"]["plain_ms"] / res["alice_loop"]["plain_ms"],
                 "limit": None,
                 "ok": None,
             }
@@ -284,6 +302,8 @@ def main() -> None:
         "racs_loop",
         "racs_foreach",
         "alice",
+        "alice_loop",
+        "alice_foreach",
         "alice0",
         "galore",
         "fira",

@@ -87,6 +87,8 @@ LLM_LABELS = {
     "racs_loop": "RACS (per-matrix loop)",
     "racs_foreach": "RACS (foreach: stacked matrices)",
     "alice": "Alice",
+    "alice_loop": "Alice (per-matrix loop)",
+    "alice_foreach": "Alice (foreach: stacked plain steps)",
     "alice0": "Alice-0",
     "galore": "GaLore",
     "fira": "Fira",

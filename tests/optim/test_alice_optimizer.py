@@ -158,7 +158,8 @@ SHAPES = {
 
 @pytest.mark.parametrize("case", sorted(SHAPES))
 @pytest.mark.parametrize("beta3", [0.999, 0.0], ids=["alice", "alice0"])
-def test_alice_matches_numpy_reference(case, beta3):
+@pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
+def test_alice_matches_numpy_reference(case, beta3, foreach):
     """Steps 1 (EVD + switch), 2 (plain), 3 (refresh: subspace iteration + switch), 4, 5, 6
     (refresh) with K = 3, against the float64 reference."""
     shape, rank, lead = SHAPES[case]
@@ -175,6 +176,7 @@ def test_alice_matches_numpy_reference(case, beta3):
         leading=lead,
         update_interval=3,
         clamp_rank=rank > min(shape),
+        foreach=foreach,
     )
     for t, (a, b) in enumerate(zip(got, ref), start=1):
         # eigenvectors of nearby matrices amplify rounding, so ~1e-10 absolute differences are
@@ -449,3 +451,76 @@ def test_non_finite_gradient_is_refused_before_any_change(bad):
         for k in after[i]
         if torch.is_tensor(after[i][k])
     )
+
+
+# --- foreach (plain steps of same-shape matrices stacked; the default on CUDA) against the loop ---
+
+FOREACH_SHAPES = [(8, 14), (8, 14), (14, 8), (8, 14), (14, 8), (9, 9), (5, 12)]
+
+
+def _foreach_pair(dtype, steps=7, **kw):
+    g = torch.Generator().manual_seed(0)
+    w0 = [torch.randn(s, generator=g, dtype=torch.float64) for s in FOREACH_SHAPES]
+    a = [torch.nn.Parameter(w.clone().to(dtype)) for w in w0]
+    b = [torch.nn.Parameter(w.clone().to(dtype)) for w in w0]
+    opts = dict(lr=0.05, rank=4, leading=2, update_interval=3, clamp_rank=True, **kw)
+    oa, ob = Alice(a, foreach=False, **opts), Alice(b, foreach=True, **opts)
+    for t in range(steps):
+        grads = [
+            torch.randn(s, generator=g, dtype=torch.float64) * 1.5 ** max(0, t - 2) for s in FOREACH_SHAPES
+        ]
+        for pa, pb, gr in zip(a, b, grads):
+            pa.grad, pb.grad = gr.to(dtype), gr.to(dtype)
+        oa.step()
+        ob.step()
+    return a, b, oa, ob
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"betas": (0.9, 0.9, 0.0)},
+        {"compensation": "none"},
+        {"bias_correction": True, "weight_decay": 0.1},
+    ],
+    ids=["alice", "alice0", "no_compensation", "bias_correction_wd"],
+)
+def test_foreach_matches_the_loop_float64(kw):
+    """K = 3: steps 1, 3, 6 are refreshes (looped), 2, 4, 5, 7 plain (stacked, k = 3 and 2 per shape)."""
+    a, b, oa, ob = _foreach_pair(torch.float64, **kw)
+    for pa, pb in zip(a, b):
+        torch.testing.assert_close(pb, pa, rtol=1e-10, atol=1e-12)
+        for key, val in oa.state[pa].items():
+            other = ob.state[pb][key]
+            if isinstance(val, torch.Tensor):
+                assert other.dtype == val.dtype
+                torch.testing.assert_close(other, val, rtol=1e-10, atol=1e-12)
+            else:
+                assert other == val, key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_foreach_matches_the_loop_low_precision(dtype):
+    a, b, _, _ = _foreach_pair(dtype)
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
+    for pa, pb in zip(a, b):
+        assert pb.dtype == dtype
+        torch.testing.assert_close(pb.float(), pa.float(), rtol=tol, atol=tol)
+
+
+def test_foreach_loops_the_ablations_it_does_not_batch():
+    """Fira-style compensation has no stacked form: the foreach setting gives the loop's numbers exactly."""
+    a, b, _, _ = _foreach_pair(torch.float64, compensation="fira")
+    for pa, pb in zip(a, b):
+        assert torch.equal(pa, pb)
+
+
+def test_foreach_chunks_agree_with_one_chunk(monkeypatch):
+    import curvopt.optim.alice as alice_mod
+
+    _, one, _, _ = _foreach_pair(torch.float64)
+    monkeypatch.setattr(alice_mod, "FOREACH_CHUNK_NUMEL", 120)  # one 8x14 matrix per chunk
+    _, split, _, _ = _foreach_pair(torch.float64)
+    for p1, p2 in zip(one, split):
+        torch.testing.assert_close(p2, p1, rtol=1e-12, atol=1e-14)

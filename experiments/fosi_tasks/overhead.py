@@ -169,7 +169,17 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fosi_overhead_{args.profile}{args.tag}.json"
-    rows = []
+    # The rows already in the file stay, in their order: re-measuring one task must not drop the
+    # others' measurements; a re-measured (task, base) replaces its row once measured (a crash keeps
+    # the old one), and a new pair is appended.
+    previous = json.loads(path.read_text()) if path.exists() else []
+    rows: list[dict] = []
+
+    def merged() -> list[dict]:
+        new = {(r["task"], r["base"]): r for r in rows}
+        out = [new.pop((r.get("task"), r.get("base")), r) for r in previous]
+        return out + list(new.values())
+
     for key in args.tasks:
         task = analysis.TASKS[key]
         problem = data_problem(task, data_dir)
@@ -180,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             row = measure(
                 task, base, args.profile, args.steps, args.device, args.ese_repeats, args.fosi_overrides
             )
+            row["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             rows.append(row)
             print(
                 f"{key.upper():3s} {base:10s} n={row['num_params']:>8d} tau1={1e3 * row['tau1_s']:8.2f} ms "
@@ -188,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"T*(rho=1.1)={row['T_for_rho_1.1']:.0f}",
                 flush=True,
             )
-            path.write_text(json.dumps(rows, indent=1))  # after every row: a later crash (OOM) keeps these
+            path.write_text(
+                json.dumps(merged(), indent=1)
+            )  # after every row: a later crash (OOM) keeps these
     print(f"wrote {path}")
 
 

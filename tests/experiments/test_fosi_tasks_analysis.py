@@ -261,3 +261,26 @@ def test_a_segment_end_evaluation_does_not_count(tmp_path, eval_every):
     assert table.loc[("lr", "heavy_ball"), "seconds"] == pytest.approx(6.0)
     expected = 4.5 if eval_every is None else 9.0  # scheduled: 0.91 at step 6 (6 * 1.5 s)
     assert table.loc[("lr", "fosi_heavy_ball"), "seconds"] == pytest.approx(expected)
+
+
+def test_overhead_remeasuring_one_task_keeps_the_other_rows(tmp_path, monkeypatch):
+    """experiments.fosi_tasks.overhead: re-measuring LM replaces LM's rows and keeps LR's and AE's."""
+    import json
+
+    from experiments.fosi_tasks import overhead
+
+    path = tmp_path / "fosi_overhead_paper.json"
+    old = [{"task": t, "base": b, "tau3_s": 1.0} for t in ("lr", "ae", "lm") for b in ("heavy_ball", "adam")]
+    path.write_text(json.dumps(old))
+
+    def fake_measure(task, base, *args, **kwargs):
+        return {"task": task.key, "base": base, "num_params": 1, "tau1_s": 1.0, "tau2_s": 1.0, "tau3_s": 2.0,
+                "ese_in_steps": 2.0, "rho_T800": 1.0, "profile_T": 800, "rho_profile_T": 1.0, "T_for_rho_1.1": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(overhead, "measure", fake_measure)
+    monkeypatch.setattr(overhead, "data_problem", lambda task, data_dir: None)
+    overhead.main(["--profile", "paper", "--tasks", "lm", "--out", str(tmp_path)])
+    rows = json.loads(path.read_text())
+    assert [(r["task"], r["base"]) for r in rows] == [(r["task"], r["base"]) for r in old]
+    assert [r["tau3_s"] for r in rows] == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert all("measured_at" in r for r in rows if r["task"] == "lm")

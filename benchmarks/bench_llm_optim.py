@@ -198,24 +198,13 @@ def targets(res: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     if "racs" in res and "adamw_fused" in res:
         add("RACS / fused AdamW (plain)", res["racs"]["plain_ms"] / res["adamw_fused"]["plain_ms"], 1.5)
-    if "racs_foreach" in res and "racs_loop" in res:  # informational: no target of its own
-        out.append(
-            {
-                "target": "RACS foreach / per-matrix loop (plain; information)",
-                "ratio": res["racs_foreach"]["plain_ms"] / res["racs_loop"]["plain_ms"],
-                "limit": None,
-                "ok": None,
-            }
-        )
-    if "alice_foreach" in res and "alice_loop" in res:
-        out.append(
-            {
-                "target": "Alice foreach / per-matrix loop (plain; information)",
-                "ratio": res["alice_foreach"]["plain_ms"] / res["alice_loop"]["plain_ms"],
-                "limit": None,
-                "ok": None,
-            }
-        )
+    for key, label in (("racs", "RACS"), ("alice", "Alice")):  # informational: no target of their own
+        if f"{key}_foreach" in res and f"{key}_loop" in res:
+            ratio = res[f"{key}_foreach"]["plain_ms"] / res[f"{key}_loop"]["plain_ms"]
+            out.append(
+                {"target": f"{label} foreach / per-matrix loop (plain; information)", "ratio": ratio,
+                 "limit": None, "ok": None}
+            )  # fmt: skip
     if "alice" in res and "galore" in res:
         a, g = res["alice"], res["galore"]
         add("Alice / GaLore (plain)", a["plain_ms"] / g["plain_ms"], 1.5)

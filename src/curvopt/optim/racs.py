@@ -313,11 +313,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
     def _adam_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         b1, b2 = group["adam_betas"]
-        if not state:
-            sd = self._state_dtype(p, group)
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(p, dtype=sd)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=sd)
+        self._init_adam_state(p, state, group)
         state["step"] += 1
         t = state["step"]
         cdt = compute_dtype(p)
@@ -331,6 +327,15 @@ class MatrixOptimizer(torch.optim.Optimizer):
         upd = m / denom
         p.add_(upd.to(p.dtype), alpha=-group["lr"] / (1 - b1**t))
 
+    def _init_adam_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """An Adam-group parameter's state before its first step (moments in the state dtype)."""
+        if state:
+            return
+        sd = self._state_dtype(p, group)
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, dtype=sd)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=sd)
+
     def _adam_update_foreach(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """:meth:`_adam_update` on many parameters at once, with the same arithmetic, element for element.
 
@@ -341,11 +346,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
         buckets: dict[tuple[Any, ...], list[Tensor]] = {}
         for p in params:
             state = self.state[p]
-            if not state:
-                sd = self._state_dtype(p, group)
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, dtype=sd)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=sd)
+            self._init_adam_state(p, state, group)
             state["step"] += 1
             key = (p.dtype, state["exp_avg"].dtype, p.device, state["step"])
             buckets.setdefault(key, []).append(p)
@@ -544,14 +545,7 @@ class RACS(MatrixOptimizer):
     def _matrix_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         cdt = compute_dtype(p)
         m, n = p.shape
-        if not state:
-            sd = self._state_dtype(p, group)
-            state["step"] = 0
-            state["s"] = torch.zeros(n, dtype=sd, device=p.device)
-            state["q"] = torch.zeros(m, dtype=sd, device=p.device)
-            state["phi"] = torch.zeros(
-                (), dtype=torch.float32 if cdt != torch.float64 else cdt, device=p.device
-            )
+        self._init_state(p, state, group)
         state["step"] += 1
         beta, eps = group["beta"], group["eps"]
         # Scratch matrices (P = G⊙G and the outer product of the scalings) live in one reused
@@ -582,6 +576,18 @@ class RACS(MatrixOptimizer):
         step = torch.outer(a, b, out=self._scratch("O", m, n, cdt, p.device))
         p.addcmul_(G, step)  # computed in cdt, rounded once into a bf16 p
 
+    def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """A matrix's state before its first step: ``s`` (n), ``q`` (m), the fp32 limiter norm ``phi``."""
+        if state:
+            return
+        m, n = p.shape
+        sd = self._state_dtype(p, group)
+        state["step"] = 0
+        state["s"] = torch.zeros(n, dtype=sd, device=p.device)
+        state["q"] = torch.zeros(m, dtype=sd, device=p.device)
+        phi_dtype = torch.float64 if compute_dtype(p) == torch.float64 else torch.float32
+        state["phi"] = torch.zeros((), dtype=phi_dtype, device=p.device)
+
     def _matrix_update_foreach(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """:meth:`_matrix_update` on stacks of same-shape matrices: batched products and foreach copies.
 
@@ -593,15 +599,7 @@ class RACS(MatrixOptimizer):
         for p in params:
             state = self.state[p]
             m, n = p.shape
-            if not state:
-                sd = self._state_dtype(p, group)
-                cdt = compute_dtype(p)
-                state["step"] = 0
-                state["s"] = torch.zeros(n, dtype=sd, device=p.device)
-                state["q"] = torch.zeros(m, dtype=sd, device=p.device)
-                state["phi"] = torch.zeros(
-                    (), dtype=torch.float32 if cdt != torch.float64 else cdt, device=p.device
-                )
+            self._init_state(p, state, group)
             state["step"] += 1
             warm = bool(group["warm_start"] and state["step"] > 1)
             key = (m, n, p.dtype, state["s"].dtype, state["phi"].dtype, p.device, warm)

@@ -55,7 +55,7 @@ def test_tracked_tree_stays_under_44_mb():
 def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     slices = gs.load_queue()
     assert [s.id for s in slices if s.auto] == [
-        "smoke-probe", "smoke-llama", "llm-sizes", "bench", "mnist-paper", "mnist-shf-seeds",
+        "smoke-probe", "smoke-llama", "llm-sizes", "bench", "llm-1b", "mnist-paper", "mnist-shf-seeds",
     ]  # fmt: skip
     for s in slices:
         assert 0 < s.gpu_minutes <= 13, s.id  # a session has 15 device minutes, a start costs 1-2

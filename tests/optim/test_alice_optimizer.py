@@ -517,10 +517,10 @@ def test_foreach_loops_the_ablations_it_does_not_batch():
 
 
 def test_foreach_chunks_agree_with_one_chunk(monkeypatch):
-    import curvopt.optim.alice as alice_mod
+    import curvopt.optim.racs as racs_mod  # the chunking helper Alice shares with RACS
 
     _, one, _, _ = _foreach_pair(torch.float64)
-    monkeypatch.setattr(alice_mod, "FOREACH_CHUNK_NUMEL", 120)  # one 8x14 matrix per chunk
+    monkeypatch.setattr(racs_mod, "FOREACH_CHUNK_NUMEL", 120)  # one 8x14 matrix per chunk
     _, split, _, _ = _foreach_pair(torch.float64)
     for p1, p2 in zip(one, split):
         torch.testing.assert_close(p2, p1, rtol=1e-12, atol=1e-14)

@@ -53,7 +53,14 @@ import torch
 from torch import Tensor
 
 from curvopt.optim.checks import check_finite_nonneg
-from curvopt.optim.racs import FOREACH_CHUNK_NUMEL, MatrixOptimizer, compute_dtype, limiter_eta
+from curvopt.optim.racs import (
+    MatrixOptimizer,
+    compute_dtype,
+    foreach_add_scaled,
+    foreach_chunks,
+    limiter_eta,
+    store_stacked,
+)
 
 SWITCH_MODES = ("complement", "none", "gaussian", "gaussian_mix", "full_basis")
 COMPENSATION_MODES = ("optimal", "none", "fira", "fira_plus")
@@ -576,11 +583,7 @@ class Alice(MatrixOptimizer):
         """
         K = int(group["update_interval"])
         mode = group["compensation"]
-        fused = mode == "none" or (
-            mode == "optimal"
-            and group["fused_compensation"]
-            and group["switch"] not in ("gaussian", "gaussian_mix")
-        )
+        fused = mode == "none" or (mode == "optimal" and group["fused_compensation"] and _orthonormal(group))
         buckets: dict[tuple[Any, ...], list[Tensor]] = {}
         for p in params:
             state = self.state[p]
@@ -594,9 +597,8 @@ class Alice(MatrixOptimizer):
                    None if qt is None else qt.dtype)  # fmt: skip
             buckets.setdefault(key, []).append(p)
         for (m, n, transposed, *_), bucket in buckets.items():
-            per_chunk = max(1, FOREACH_CHUNK_NUMEL // (m * n))
-            for i in range(0, len(bucket), per_chunk):
-                self._plain_steps_stacked(bucket[i : i + per_chunk], group, m, n, transposed)
+            for ps in foreach_chunks(bucket, m * n):
+                self._plain_steps_stacked(ps, group, m, n, transposed)
 
     def _plain_steps_stacked(
         self, ps: list[Tensor], group: dict[str, Any], m: int, n: int, transposed: bool
@@ -615,19 +617,16 @@ class Alice(MatrixOptimizer):
             bufs = [st[key] for st in states]
             return bufs, torch.stack(bufs).to(cdt)
 
-        def store(bufs: list[Tensor], value: Tensor) -> None:
-            torch._foreach_copy_(bufs, list(value.unbind(0)))
-
         G = torch.stack([p.grad.T if transposed else p.grad for p in ps]).to(cdt)  # k×m×n
         U = torch.stack([st["U"] for st in states]).to(cdt)  # k×m×r
         sigma = torch.bmm(U.mT, G)  # k×r×n
         if "Qt" in states[0]:
             bufs, Qt = stacked("Qt")
-            store(bufs, Qt.mul_(b3).baddbmm_(sigma, sigma.mT, alpha=1 - b3))
+            store_stacked(bufs, Qt.mul_(b3).baddbmm_(sigma, sigma.mT, alpha=1 - b3))
         bufs, m1 = stacked("exp_avg")
-        store(bufs, m1.mul_(b1).add_(sigma, alpha=1 - b1))
+        store_stacked(bufs, m1.mul_(b1).add_(sigma, alpha=1 - b1))
         bufs, v = stacked("exp_avg_sq")
-        store(bufs, v.mul_(b2).addcmul_(sigma, sigma, value=1 - b2))
+        store_stacked(bufs, v.mul_(b2).addcmul_(sigma, sigma, value=1 - b2))
         if group["bias_correction"]:
             omega = (m1 / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt_().add_(eps))
         else:
@@ -636,14 +635,14 @@ class Alice(MatrixOptimizer):
         if group["compensation"] == "optimal" and m != r:
             res_sq = (G.square().sum(1) - sigma.square().sum(1)).clamp_min_(0)  # k×n
             bufs, pvec = stacked("p")
-            store(bufs, pvec.mul_(b1).add_(res_sq, alpha=1 - b1))
+            store_stacked(bufs, pvec.mul_(b1).add_(res_sq, alpha=1 - b1))
             d = pvec.sqrt().add_(eps).reciprocal_()
             root = math.sqrt(m - r)
             c_norm = root * torch.sqrt((res_sq * d.square()).sum(-1))  # k
             phi_bufs = [st["phi"] for st in states]
             phi = torch.stack(phi_bufs)
             eta = limiter_eta(c_norm.to(phi.dtype), phi, group["gamma"])
-            store(phi_bufs, eta * c_norm)
+            store_stacked(phi_bufs, eta * c_norm)
             colscale = d.mul_((group["alpha_c"] * root) * eta.to(cdt).unsqueeze(1))
             omega = omega.sub_(sigma * colscale.unsqueeze(1))
         # U(ω − cσD) + cGD, as the loop's bracket; then λα times it into the weights
@@ -652,12 +651,7 @@ class Alice(MatrixOptimizer):
         upd_list = [u.mT if transposed else u for u in upd.unbind(0)]
         if pdt != cdt:
             upd_list = [u.to(pdt) for u in upd_list]
-        scale = -group["lr"] * group["alpha"]
-        if isinstance(scale, Tensor):
-            torch._foreach_mul_(upd_list, scale.to(pdt))
-            torch._foreach_add_(ps, upd_list)
-        else:
-            torch._foreach_add_(ps, upd_list, alpha=scale)
+        foreach_add_scaled(ps, upd_list, -group["lr"] * group["alpha"])
 
     def _with_compensation(
         self,
@@ -690,8 +684,7 @@ class Alice(MatrixOptimizer):
             _store(state, "p", pvec)
             d = pvec.sqrt().add_(eps).reciprocal_()  # Diag(p)^{-1/2}
             root = math.sqrt(m - r)
-            orthonormal = group["switch"] not in ("gaussian", "gaussian_mix")
-            if group["fused_compensation"] and orthonormal:
+            if group["fused_compensation"] and _orthonormal(group):
                 c_norm = root * torch.sqrt((res_sq * d.square()).sum())  # ‖√(m−r) R D‖_F, R ⟂ U
                 eta = limiter_eta(c_norm.to(phi.dtype), phi, gamma)
                 phi.copy_(eta * c_norm)
@@ -716,6 +709,11 @@ class Alice(MatrixOptimizer):
         # fira_plus: Fira's compensation rescaled to ‖Uω‖, times α_c
         target = torch.linalg.vector_norm(U @ omega)
         return omega, None, C.mul_(alpha_c * target / c_norm.clamp_min(1e-30))
+
+
+def _orthonormal(group: dict[str, Any]) -> bool:
+    """Whether the group's switch rule keeps ``U`` orthonormal (the Gaussian ablations do not)."""
+    return group["switch"] not in ("gaussian", "gaussian_mix")
 
 
 def _in_state_dtype(buf: Tensor, dtype: torch.dtype) -> Tensor:

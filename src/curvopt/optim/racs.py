@@ -27,7 +27,7 @@ method group are rejected with a message — never silently reshaped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -370,12 +370,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             upd = torch._foreach_div(m, denom)
             if pdt != cdt:
                 upd = [u.to(pdt) for u in upd]
-            scale = -group["lr"] / (1 - b1**t)
-            if isinstance(scale, Tensor):
-                torch._foreach_mul_(upd, scale.to(pdt))
-                torch._foreach_add_(ps, upd)
-            else:
-                torch._foreach_add_(ps, upd, alpha=scale)
+            foreach_add_scaled(ps, upd, -group["lr"] / (1 - b1**t))
 
     def _matrix_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -429,6 +424,30 @@ def racs_fixed_point(P: Tensor, n_iter: int = 5, q0: Tensor | None = None) -> tu
 # the scaled step) then take at most 3 × 32 MiB beside the model (all 32 512×512 attention matrices of
 # LLaMA-60M in one chunk).
 FOREACH_CHUNK_NUMEL = 1 << 23
+
+
+def foreach_chunks(bucket: list[Tensor], numel: int) -> Iterator[list[Tensor]]:
+    """Consecutive slices of ``bucket`` that stack into at most :data:`FOREACH_CHUNK_NUMEL` elements.
+
+    ``bucket`` holds same-shape matrices of ``numel`` elements each; a slice has one matrix at least.
+    """
+    per_chunk = max(1, FOREACH_CHUNK_NUMEL // numel)
+    for i in range(0, len(bucket), per_chunk):
+        yield bucket[i : i + per_chunk]
+
+
+def store_stacked(bufs: list[Tensor], value: Tensor) -> None:
+    """Write the slices of a stacked ``value`` (leading dim = ``len(bufs)``) back into ``bufs``."""
+    torch._foreach_copy_(bufs, list(value.unbind(0)))
+
+
+def foreach_add_scaled(params: list[Tensor], updates: list[Tensor], scale: float | Tensor) -> None:
+    """``p += scale · u`` for every pair; ``scale`` may be a tensor (a tensor learning rate)."""
+    if isinstance(scale, Tensor):
+        torch._foreach_mul_(updates, scale.to(updates[0].dtype))
+        torch._foreach_add_(params, updates)
+    else:
+        torch._foreach_add_(params, updates, alpha=scale)
 
 
 class RACS(MatrixOptimizer):
@@ -605,9 +624,7 @@ class RACS(MatrixOptimizer):
             key = (m, n, p.dtype, state["s"].dtype, state["phi"].dtype, p.device, warm)
             buckets.setdefault(key, []).append(p)
         for (m, n, *_, warm), bucket in buckets.items():
-            per_chunk = max(1, FOREACH_CHUNK_NUMEL // (m * n))
-            for i in range(0, len(bucket), per_chunk):
-                ps = bucket[i : i + per_chunk]
+            for ps in foreach_chunks(bucket, m * n):
                 states = [self.state[p] for p in ps]
                 cdt = compute_dtype(ps[0])
                 G = torch.stack([p.grad for p in ps]).to(cdt)
@@ -617,8 +634,8 @@ class RACS(MatrixOptimizer):
                 s_fp, q_fp = racs_fixed_point(P, int(group["n_iter"]), q_old if warm else None)
                 s = s_old.mul_(beta).add_(s_fp, alpha=1 - beta)
                 q = q_old.mul_(beta).add_(q_fp, alpha=1 - beta)
-                torch._foreach_copy_([st["s"] for st in states], list(s.unbind(0)))
-                torch._foreach_copy_([st["q"] for st in states], list(q.unbind(0)))
+                store_stacked([st["s"] for st in states], s)
+                store_stacked([st["q"] for st in states], q)
                 a = q.clamp_min(eps).rsqrt_()
                 b = s.clamp_min(eps).rsqrt_()
                 # ‖G̃‖²_F = (q⁻¹)ᵀ P s⁻¹ per matrix, as in the loop
@@ -628,10 +645,10 @@ class RACS(MatrixOptimizer):
                 phi = torch.stack(phi_list)
                 if group["limiter"]:
                     eta = limiter_eta(norm.to(phi.dtype), phi, group["gamma"])
-                    torch._foreach_copy_(phi_list, list((eta * norm).unbind(0)))
+                    store_stacked(phi_list, eta * norm)
                 else:
                     eta = torch.ones_like(phi)
-                    torch._foreach_copy_(phi_list, list(norm.unbind(0)))
+                    store_stacked(phi_list, norm)
                 a.mul_((eta.to(cdt) * (-group["lr"] * group["alpha"])).unsqueeze(1))
                 step = torch.mul(a.unsqueeze(2), b.unsqueeze(1), out=P)  # P is no longer needed
                 torch._foreach_addcmul_(ps, list(G.unbind(0)), list(step.unbind(0)))

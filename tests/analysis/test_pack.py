@@ -14,6 +14,7 @@ import yaml
 
 from curvopt.analysis import pack
 from curvopt.analysis.records import load_runs, load_summaries, read_run_metrics
+from curvopt.training.records import packed_run_ids
 from experiments.fosi_quadratics import figures as figs
 
 
@@ -76,6 +77,27 @@ def test_pack_leaves_two_files_and_unfinished_runs(two_layouts: tuple[Path, Path
     lines = (exp / "runs.jsonl").read_text().splitlines()
     assert [json.loads(x)["run_id"] for x in lines] == ["adam_s0", "fosi_s2", "sgd_s1"]
     assert pd.read_parquet(exp / "metrics.parquet")["run_id"].nunique() == 3  # pandas reads it as is
+
+
+def test_large_pack_gzips_runs_jsonl(two_layouts: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack whose runs.jsonl text is over the threshold is written as runs.jsonl.gz (byte-stable),
+    read the same, and unpacking a run rewrites it; the plain name is gone."""
+    _, packed = two_layouts
+    exp = packed / "exp"
+    before = pack.read_packed_runs(exp)
+    frame = load_runs(packed, "exp")
+    monkeypatch.setattr(pack, "GZIP_RUNS_ABOVE_BYTES", 10)
+    pack.unpack_run(exp / "sgd_s1")  # rewrites the pack without it: gzipped now
+    assert not (exp / "runs.jsonl").exists() and packed_run_ids(exp) == {"adam_s0", "fosi_s2"}
+    pack.pack_experiment(exp)
+    assert not (exp / "runs.jsonl").exists() and (exp / "runs.jsonl.gz").exists()
+    first = (exp / "runs.jsonl.gz").read_bytes()
+    assert pack.is_packed(exp) and packed_run_ids(exp) == {"adam_s0", "fosi_s2", "sgd_s1"}
+    assert pack.read_packed_runs(exp) == before
+    pd.testing.assert_frame_equal(load_runs(packed, "exp"), frame, check_exact=True)
+    pack.unpack_run(exp / "sgd_s1")
+    pack.pack_experiment(exp)
+    assert (exp / "runs.jsonl.gz").read_bytes() == first  # same runs, same bytes (gzip mtime 0)
 
 
 @pytest.mark.parametrize("status", [None, "completed"])

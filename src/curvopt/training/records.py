@@ -24,6 +24,36 @@ from curvopt.errors import RunInUseError
 METRICS_NAME = "metrics.jsonl"
 PARKED_METRICS_NAME = "metrics.jsonl.gz"  # a paused run's rows, gzipped for git (park_metrics)
 PACKED_RUNS_NAME = "runs.jsonl"  # an experiment's packed runs, one JSON line each (curvopt.analysis.pack)
+PACKED_RUNS_GZ_NAME = "runs.jsonl.gz"  # the same, gzipped: a pack whose runs.jsonl would be large
+
+
+def packed_runs_file(exp_dir: str | Path) -> Path | None:
+    """An experiment's packed-runs file: ``runs.jsonl``, or ``runs.jsonl.gz`` for a large pack.
+
+    Args:
+        exp_dir: The experiment directory.
+
+    Returns:
+        The file's path, or ``None`` when the experiment is not packed.
+    """
+    for name in (PACKED_RUNS_NAME, PACKED_RUNS_GZ_NAME):
+        if (path := Path(exp_dir) / name).exists():
+            return path
+    return None
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """The non-empty lines of a text file, gunzipped when its name ends in ``.gz``.
+
+    Args:
+        path: The file.
+
+    Returns:
+        Its lines, without line ends.
+    """
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _jsonable(value: Any) -> Any:
@@ -245,7 +275,7 @@ def has_metrics(run_dir: Path) -> bool:
 
 
 def packed_run_ids(exp_dir: Path) -> set[str]:
-    """The run ids whose records an experiment directory holds packed (``runs.jsonl``).
+    """The run ids whose records an experiment directory holds packed (``runs.jsonl[.gz]``).
 
     A packed run's own directory keeps at most what packing does not move (a checkpoint, its
     overrides); its rows live in the experiment's ``metrics.parquet`` (:mod:`curvopt.analysis.pack`).
@@ -256,11 +286,10 @@ def packed_run_ids(exp_dir: Path) -> set[str]:
     Returns:
         The packed run ids; empty when the experiment is not packed.
     """
-    path = Path(exp_dir) / PACKED_RUNS_NAME
-    if not path.exists():
+    path = packed_runs_file(exp_dir)
+    if path is None:
         return set()
-    with path.open() as fh:
-        return {json.loads(line)["run_id"] for line in fh if line.strip()}
+    return {json.loads(line)["run_id"] for line in read_text_lines(path)}
 
 
 def park_metrics(run_dir: Path) -> Path:

@@ -4,6 +4,7 @@ no stale numbers, and no crash on malformed inputs."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -418,6 +419,34 @@ def test_fosi_table1_paper_profile_miss_is_different(tmp_path: Path) -> None:
     res = statuses(tmp_path, item)["fosi/table1"]
     assert res.status == core.DIFFERENT
     assert "lr FOSI-heavy_ball: 2 vs 0.5" in res.gap
+
+
+def test_fosi_table1_within_tolerance_but_no_faster_is_different(tmp_path: Path) -> None:
+    """A ratio within the tolerance of the paper's but on the other side of 1 does not make the
+    paper's claim (FOSI faster than its base): with the tolerance widened to 0.6, FOSI-HB at 1.05x
+    HB's time (paper 0.5) is 'different', not 'reproduced'."""
+    item = [i for i in ITEMS if i.paper == "fosi" and i.key == "table1"]
+    fosi_lr_runs(tmp_path, fosi_hits_at=21.0)
+    tol_path = tmp_path / "tol.yaml"
+    tol = yaml.safe_load(Path(DEFAULT_TOLERANCES).read_text())
+    tol["fosi"]["table1"]["ratio_abs"] = 0.6
+    tol_path.write_text(yaml.safe_dump(tol))
+    ((_, res),) = build_report(tmp_path, tol_path, items=item)
+    row = res.rows.set_index("task").loc["lr"]
+    assert row["ours ratio"] == pytest.approx(1.05) and not row["paper's claim holds"]
+    assert res.status == core.DIFFERENT
+
+
+@pytest.mark.parametrize(
+    ("ours", "paper", "holds"),
+    [(0.82, 0.754, True), (0.99, 0.754, True), (1.0, 0.754, False), (1.02, 0.754, False),
+     (math.inf, 0.77, False), (math.inf, 1.5, True), (0.8, 1.5, False), (1.4, 1.0, True),
+     (0.9, 1.0, True), (0.7, 1.0, False)],
+)  # fmt: skip
+def test_fosi_claim_holds(ours: float, paper: float, holds: bool) -> None:
+    from experiments.fosi_tasks.report import claim_holds  # after experiments.report (import cycle)
+
+    assert claim_holds(ours, paper, 0.25) is holds
 
 
 def fosi_fig6_runs(root: Path, lbfgs_curve: list[tuple[float, float]]) -> None:

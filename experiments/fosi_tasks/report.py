@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -95,6 +97,41 @@ def claim_holds(ours: float, paper: float, tol: float) -> bool:
     return (ours < 1.0) == (paper < 1.0) and ours != 1.0
 
 
+def machine_of(sums: pd.DataFrame, experiment: str, optimizers: Collection[str]) -> str:
+    """Which machine type and clock timed a table row: ``cpu, 1 thread, process clock``.
+
+    Args:
+        sums: Run summaries (``run_dir``, ``cfg.optimizer.name``, ``device_name``,
+            ``num_threads``, ``cfg.trainer.clock``).
+        experiment: The task's experiment (``fosi_ae``).
+        optimizers: The row's optimizers (base and FOSI).
+
+    Returns:
+        One description per distinct (device, threads, clock), joined by `` / ``; ``?`` when no
+        summary matches.
+    """
+    if sums.empty:
+        return "?"
+    exp = sums["run_dir"].map(lambda d: Path(str(d)).parent.name) if "run_dir" in sums else None
+    opt = sums["cfg.optimizer.name"] if "cfg.optimizer.name" in sums else sums.get("optimizer")
+    if exp is None or opt is None:
+        return "?"
+    rows = sums[(exp == experiment) & opt.isin(list(optimizers))]
+    seen = []
+    for _, r in rows.iterrows():
+        device = next((v for v in (r.get("device_name"), r.get("device")) if isinstance(v, str) and v), "?")
+        parts = [device]
+        if device == "cpu" and finite(r.get("num_threads")):
+            parts.append(f"{int(r['num_threads'])} thread{'s' if int(r['num_threads']) != 1 else ''}")
+        clock = r.get("cfg.trainer.clock")
+        if isinstance(clock, str):
+            parts.append(f"{clock} clock")
+        text = ", ".join(parts)
+        if text not in seen:
+            seen.append(text)
+    return " / ".join(seen) or "?"
+
+
 def _fosi_time_table(ctx: Context, which: str, key: str) -> ItemResult:
     """Table 1 or 2: FOSI/base time ratios to the base optimizer's best metric, next to the paper's.
 
@@ -148,6 +185,7 @@ def _fosi_time_table(ctx: Context, which: str, key: str) -> ItemResult:
                 "paper ratio": paper,
                 "ours ratio": ours_eff,
                 "profile": profiles[r["task"]],
+                "machine": machine_of(sums, analysis.TASKS[r["task"]].experiment, (base, r["optimizer"])),
                 "paper's claim holds": same_side,
             }
         )

@@ -217,8 +217,11 @@ def eval_curve(rows: pd.DataFrame, column: str, clock: str = "algo", scale: floa
     ).reset_index(drop=True)
 
 
-def best_point(curve: pd.DataFrame, mode: str, column: str = "value") -> tuple[float, float]:
-    """(best value, first time it is attained); (nan, nan) for an empty curve."""
+def best_point(
+    curve: pd.DataFrame, mode: str, column: str = "value", at: str = "time"
+) -> tuple[float, float]:
+    """(best value, first time it is attained); (nan, nan) for an empty curve. ``at="step"``: the
+    first step instead of the time."""
     if curve.empty:
         return math.nan, math.nan
     values = curve[column].to_numpy(dtype=float)
@@ -230,17 +233,20 @@ def best_point(curve: pd.DataFrame, mode: str, column: str = "value") -> tuple[f
         if mode == "max"
         else np.nanargmin(np.where(ok, values, np.inf))
     )
-    return float(values[idx]), float(curve["time"].iloc[idx])
+    return float(values[idx]), float(curve[at].iloc[idx])
 
 
-def first_time_reaching(curve: pd.DataFrame, target: float, mode: str, column: str = "value") -> float:
-    """First logged time at which the curve reaches ``target`` (≥ for max, ≤ for min); inf if never."""
+def first_time_reaching(
+    curve: pd.DataFrame, target: float, mode: str, column: str = "value", at: str = "time"
+) -> float:
+    """First logged time at which the curve reaches ``target`` (≥ for max, ≤ for min); inf if never.
+    ``at="step"``: the first step instead."""
     if curve.empty or not math.isfinite(target):
         return math.inf
     values = curve[column].to_numpy(dtype=float)
     hit = values >= target if mode == "max" else values <= target
     hit &= np.isfinite(values)
-    return float(curve["time"].iloc[int(np.argmax(hit))]) if hit.any() else math.inf
+    return float(curve[at].iloc[int(np.argmax(hit))]) if hit.any() else math.inf
 
 
 def status_of(rows: pd.DataFrame | None) -> str:
@@ -252,7 +258,11 @@ def status_of(rows: pd.DataFrame | None) -> str:
 def time_table(
     runs: dict[str, dict[str, pd.DataFrame]], which: str = "val", clock: str = "algo"
 ) -> pd.DataFrame:
-    """Table 1 (``which='val'``) or Table 2 (``'train'``): one row per (task, optimizer)."""
+    """Table 1 (``which='val'``) or Table 2 (``'train'``): one row per (task, optimizer).
+
+    ``seconds``/``ratio`` are on ``clock``; ``steps``/``step_ratio`` are the same first hits counted
+    in optimizer steps (equal work per step for the base and FOSI between ESEs): the two ratios
+    apart say how much of a time ratio is FOSI's extra cost per step and ESEs."""
     rows = []
     for key, task in TASKS.items():
         task_runs = runs.get(key, {})
@@ -269,19 +279,28 @@ def time_table(
                     curves[opt] = train_curve(r, task, clock).rename(columns={"loss": "value"})
             mode = task.val_mode if which == "val" else "min"
             if curves[base] is None or curves[base].empty:
-                target, t_base = math.nan, math.nan
+                target, t_base, s_base = math.nan, math.nan, math.nan
             else:
                 target, t_base = best_point(curves[base], mode)
-            t_fosi = math.nan if curves[fosi] is None else first_time_reaching(curves[fosi], target, mode)
-            for opt, t in ((base, t_base), (fosi, t_fosi)):
+                s_base = best_point(curves[base], mode, at="step")[1]
+            if curves[fosi] is None:
+                t_fosi = s_fosi = math.nan
+            else:
+                t_fosi = first_time_reaching(curves[fosi], target, mode)
+                s_fosi = first_time_reaching(curves[fosi], target, mode, at="step")
+            for opt, t, st in ((base, t_base, s_base), (fosi, t_fosi, s_fosi)):
                 rows.append(
                     {
                         "task": key,
                         "optimizer": opt,
                         "seconds": t,
+                        "steps": st,
                         "target": target,
                         "ratio": (t_fosi / t_base)
                         if opt == fosi and t_base and math.isfinite(t_base)
+                        else math.nan,
+                        "step_ratio": (s_fosi / s_base)
+                        if opt == fosi and s_base and math.isfinite(s_base)
                         else math.nan,
                         "status": status_of(task_runs.get(opt)),
                     }

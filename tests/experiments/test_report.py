@@ -410,6 +410,7 @@ def test_fosi_table1_ratio_vs_paper(tmp_path: Path) -> None:
     row = res.rows.set_index("task").loc["lr"]
     assert row["ours ratio"] == pytest.approx(0.4) and row["paper ratio"] == pytest.approx(0.5)
     assert row["machine"] == "cpu"  # the records' device (and threads, clock where they say them)
+    assert row["ours ratio in steps"] == pytest.approx(1.0)  # both first reach 0.92 at their step 20
     assert res.status == core.QUALITATIVE  # within 0.25, but 9 of the 10 (task, base) rows are not run
     assert any("pairs not run: lr FOSI-adam/adam" in n for n in res.notes)
 

@@ -59,12 +59,17 @@ def _interleaved_step_times(
     base_algo, fosi_algo, batches, warmup: int, device: torch.device
 ) -> tuple[list[float], list[float]]:
     """Step times of the base and of FOSI, alternating step by step on the same batches, so that a
-    change of load on a shared machine hits both alike (sequential blocks gave τ₂/τ₁ from 0.7 to 1.2)."""
+    change of load on a shared machine hits both alike (sequential blocks gave τ₂/τ₁ from 0.7 to 1.2).
+
+    Each step gets a fresh copy of the batch, made just before it as the training loop's batch
+    fetch is: stepping both on one tensor gave the second a batch already in cache (on LR's
+    1024 × 784 batch, FOSI's τ₂ came out 0.97-1.08 τ₁ where the runs' own step times give 1.27-1.30).
+    """
     clock = _clock(device)
     base_times, fosi_times = [], []
     for i, batch in enumerate(batches):
-        tb = _timed_step(base_algo, batch, device, clock)
-        tf = _timed_step(fosi_algo, batch, device, clock)
+        tb = _timed_step(base_algo, tuple(t.clone() for t in batch), device, clock)
+        tf = _timed_step(fosi_algo, tuple(t.clone() for t in batch), device, clock)
         if i >= warmup:
             base_times.append(tb)
             fosi_times.append(tf)

@@ -329,7 +329,7 @@ def fosi_fig6(ctx: Context) -> ItemResult:
         NotRun: No K-FAC or L-BFGS runs next to FOSI-HB.
     """
     analysis, runs, profiles, sums = _fosi_tasks(ctx)
-    rows, oks = [], []
+    rows, oks, alone = [], [], []
     for key, task_runs in runs.items():
         task = analysis.TASKS[key]
         cands = {"FOSI-HB": "fosi_heavy_ball"}
@@ -340,6 +340,8 @@ def fosi_fig6(ctx: Context) -> ItemResult:
         if kf:
             cands["K-FAC"] = kf
         if "fosi_heavy_ball" not in task_runs or len(cands) < 2:
+            if "fosi_heavy_ball" in task_runs:
+                alone.append(f"{key} ({profiles[key]})")
             continue
         curves = {
             label: analysis.eval_curve(task_runs[run], task.val_loss, scale=task.val_loss_scale)
@@ -385,6 +387,15 @@ def fosi_fig6(ctx: Context) -> ItemResult:
             "Claim: FOSI-HB converges faster and to a lower validation loss than K-FAC and L-BFGS on "
             "every task. Speed-up to X's best = the time X first reaches its best validation loss / "
             "the time FOSI-HB first reaches that value (≥ 1: FOSI-HB gets there first; inf: at once).",
+            *(
+                [
+                    "not judged: FOSI-HB without a K-FAC or L-BFGS run at the same profile: "
+                    + ", ".join(alone)
+                    + " (docs/fosi_tasks.md: their cost at the paper's settings)"
+                ]
+                if alone
+                else []
+            ),
         ],
         provenance=provenance(sums),
     )

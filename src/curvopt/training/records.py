@@ -15,7 +15,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -27,6 +27,39 @@ PACKED_RUNS_NAME = "runs.jsonl"  # an experiment's packed runs, one JSON line ea
 PACKED_RUNS_GZ_NAME = "runs.jsonl.gz"  # the same, gzipped: a pack whose runs.jsonl would be large
 
 
+def plain_or_gz(path: str | Path) -> Path | None:
+    """A records file as it lies on disk: ``path`` itself, else its gzipped twin ``path.gz``.
+
+    Records written as text may be kept gzipped for git (a parked ``metrics.jsonl.gz``, a large
+    pack's ``runs.jsonl.gz``); readers find either through this, and open it with
+    :func:`open_text`.
+
+    Args:
+        path: The plain file's path.
+
+    Returns:
+        The file that exists (the plain one first), or ``None`` when neither does.
+    """
+    path = Path(path)
+    for candidate in (path, path.with_name(path.name + ".gz")):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def open_text(path: str | Path) -> IO[str]:
+    """Open a records file for reading text, gunzipping it when its name ends in ``.gz``.
+
+    Args:
+        path: The file.
+
+    Returns:
+        A text file object.
+    """
+    path = Path(path)
+    return gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
+
+
 def packed_runs_file(exp_dir: str | Path) -> Path | None:
     """An experiment's packed-runs file: ``runs.jsonl``, or ``runs.jsonl.gz`` for a large pack.
 
@@ -36,10 +69,7 @@ def packed_runs_file(exp_dir: str | Path) -> Path | None:
     Returns:
         The file's path, or ``None`` when the experiment is not packed.
     """
-    for name in (PACKED_RUNS_NAME, PACKED_RUNS_GZ_NAME):
-        if (path := Path(exp_dir) / name).exists():
-            return path
-    return None
+    return plain_or_gz(Path(exp_dir) / PACKED_RUNS_NAME)
 
 
 def read_text_lines(path: str | Path) -> list[str]:
@@ -51,9 +81,8 @@ def read_text_lines(path: str | Path) -> list[str]:
     Returns:
         Its lines, without line ends.
     """
-    path = Path(path)
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [line for line in text.splitlines() if line.strip()]
+    with open_text(path) as fh:
+        return [line.rstrip("\n") for line in fh if line.strip()]
 
 
 def _jsonable(value: Any) -> Any:
@@ -246,10 +275,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         One dict per valid line (blank and undecodable lines are skipped).
     """
     path = Path(path)
-    parked = path.with_name(path.name + ".gz")
-    opener = (lambda: gzip.open(parked, "rt")) if not path.exists() and parked.exists() else path.open
     rows = []
-    with opener() as fh:
+    with open_text(plain_or_gz(path) or path) as fh:  # neither: the plain path's FileNotFoundError
         for line in fh:
             line = line.strip()
             if not line:
@@ -270,8 +297,7 @@ def has_metrics(run_dir: Path) -> bool:
     Returns:
         ``True`` when ``metrics.jsonl`` or ``metrics.jsonl.gz`` exists there.
     """
-    run_dir = Path(run_dir)
-    return (run_dir / METRICS_NAME).exists() or (run_dir / PARKED_METRICS_NAME).exists()
+    return plain_or_gz(Path(run_dir) / METRICS_NAME) is not None
 
 
 def packed_run_ids(exp_dir: Path) -> set[str]:

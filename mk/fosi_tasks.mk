@@ -11,7 +11,7 @@ FOSI_RUN := $(PY) -m experiments.fosi_tasks.run
 FOSI_COMMON = --profile $(SCALE) --tasks $(FOSI_TASKS) $(FOSI_ARGS)
 
 .PHONY: reproduce-fosi-table1 reproduce-fosi-table2 reproduce-fosi-fig2 reproduce-fosi-fig5 \
-	reproduce-fosi-fig6 reproduce-fosi-lr bench-fosi-overhead reproduce-fosi
+	reproduce-fosi-fig6 reproduce-fosi-lr bench-fosi-overhead bench-kfac reproduce-fosi
 
 reproduce-fosi-table1: ## FOSI Table 1 (time to the base optimizer's best validation metric) + paper's values
 	$(FOSI_RUN) table1 $(FOSI_COMMON)
@@ -30,6 +30,9 @@ reproduce-fosi-fig6: ## FOSI Figure 6 (FOSI-HB vs K-FAC vs L-BFGS best L, with t
 
 reproduce-fosi-lr: ## the LR row at paper scale on the CPU: Tables 1-2, Figures 5-6
 	$(FOSI_RUN) all --profile paper --tasks lr $(FOSI_ARGS)
+
+bench-kfac: ## K-FAC input factors on the AE: im2col reference vs fast path, and the quadratic model's cost
+	$(PY) -m benchmarks.bench_kfac
 
 bench-fosi-overhead: ## FOSI per-step overhead (tau1, tau2, tau3) and rho(T=800) per task vs the 1.1 target
 	$(PY) -m experiments.fosi_tasks.overhead --profile $(SCALE) --tasks $(FOSI_TASKS)

@@ -82,6 +82,17 @@ def test_products_match_dense(kind):
     torch.testing.assert_close(tree_dot(v, obj.vjp(params, x, u)), (obj.jvp(params, x, v) * u).sum())
 
 
+@pytest.mark.parametrize("kind", ["squared_error", "cross_entropy", "sigmoid_bce"])
+def test_ggn_gram_matches_dense_quadratic_form(kind):
+    """``ggn_gram`` (JVPs only) gives ``Vᵀ G V`` of the dense GGN."""
+    obj, x, y = _problem(kind)
+    params, _, G, _ = _dense(obj, x, y)
+    vs = [{k: torch.randn_like(p) for k, p in params.items()} for _ in range(3)]
+    V = torch.stack([flatten(v) for v in vs], dim=1)
+    torch.testing.assert_close(obj.ggn_gram(params, x, y, vs), V.T @ G @ V)
+    assert obj.ggn_gram(params, x, y, []).shape == (0, 0)
+
+
 def test_ggn_equals_hessian_for_linear_least_squares():
     """For a linear model with squared error the GGN is the exact Hessian."""
     model = nn.Linear(D_IN, D_OUT).double()

@@ -355,6 +355,37 @@ class Objective:
         hjv = output_hessian_vp(outputs.detach(), jv, self.loss_kind, y)
         return {k: t / self._normaliser(y) for k, t in self.vjp(params, x, hjv).items()}
 
+    def ggn_gram(self, params: Params, x: Tensor, y: Tensor, vs: list[Params]) -> Tensor:
+        """The Gauss-Newton's quadratic form on a few directions: ``M[i, j] = vᵢᵀ G vⱼ`` (float64).
+
+        ``G = (1/n) Jᵀ H_out J``, so ``vᵢᵀ G vⱼ = (1/n) (J vᵢ)ᵀ H_out (J vⱼ)``: one JVP per
+        direction and no backward pass, about half the cost of a :meth:`ggn_vp` per direction
+        (kfac-jax's quadratic model is formed the same way).
+
+        Args:
+            params: Point of linearisation.
+            x: Input batch.
+            y: Targets (they set ``n`` and mask ignored cross-entropy positions).
+            vs: Parameter-shaped tangent dicts.
+
+        Returns:
+            The symmetric ``(len(vs), len(vs))`` matrix.
+        """
+        jvs, outputs = [], None
+        for v in vs:
+            outputs, jv = jvp(lambda p: self.forward(p, x), (params,), (v,))
+            jvs.append(jv)
+        k = len(vs)
+        gram = torch.zeros(k, k, dtype=torch.float64)
+        if not vs:
+            return gram
+        n = self._normaliser(y)
+        for j in range(k):
+            hj = output_hessian_vp(outputs.detach(), jvs[j], self.loss_kind, y)
+            for i in range(j + 1):
+                gram[i, j] = gram[j, i] = (jvs[i] * hj).sum().double() / n
+        return gram
+
     def hvp(self, params: Params, x: Tensor, y: Tensor, v: Params) -> Params:
         """Hessian of the mean loss times ``v`` (forward-over-reverse).
 

@@ -4,6 +4,7 @@ quadratic-model coefficients against a dense GGN, and the damping rule on an exa
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -85,6 +86,45 @@ def test_patch_algebra_reproduces_autograd_weight_gradient(kind):
     rows_g = k._rows_G(block, res[2])
     from_factors = rows_g.t() @ rows_a  # Σ_t ds_t ā_tᵀ
     torch.testing.assert_close(from_factors, k._grad_matrix(block, [res[0], res[1]]), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kind,kernel,stride,padding,output_padding,dilation",
+    [
+        ("conv", 3, 1, 1, 0, 1),
+        ("conv", 3, 2, 1, 0, 1),
+        ("conv", 3, 2, 0, 0, 2),
+        ("conv", 5, 3, 2, 0, 1),
+        ("convT", 3, 2, 1, 1, 1),  # the AE's decoder layers
+        ("convT", 3, 1, 1, 0, 1),
+        ("convT", 4, 2, 1, 0, 1),
+        ("convT", 3, 3, 0, 2, 1),
+        ("convT", 3, 4, 1, 0, 1),  # stride > kernel: classes without taps
+    ],
+)
+@pytest.mark.parametrize("bias", [True, False])
+def test_input_factor_equals_the_gram_of_the_im2col_rows(
+    kind, kernel, stride, padding, output_padding, dilation, bias
+):
+    """The fast path (channels-last patches, per-residue taps of transposed convolutions, bias from
+    column sums) gives exactly ``rowsᵀrows / M`` of the reference im2col rows."""
+    torch.manual_seed(0)
+    if kind == "conv":
+        layer = nn.Conv2d(3, 4, kernel, stride=stride, padding=padding, dilation=dilation, bias=bias)
+    else:
+        layer = nn.ConvTranspose2d(
+            3, 4, kernel, stride=stride, padding=padding, output_padding=output_padding, bias=bias
+        )
+    model = nn.Sequential(layer, nn.Flatten())
+    k = KFAC(Objective(model, "squared_error"), lr=0.1, momentum=0.0, adaptive_damping=False)
+    block = k.blocks[0]
+    k._capturing = True
+    model(torch.randn(2, 3, 6, 7))
+    k._capturing = False
+    rows = k._rows_A(block)
+    torch.testing.assert_close(
+        k._input_factor(block), rows.t() @ rows / rows.shape[0], rtol=1e-12, atol=1e-14
+    )
 
 
 def test_conv_transpose_equivalent_convolution():
@@ -233,3 +273,35 @@ def test_kfac_reduces_a_logistic_regression_loss():
     for _ in range(20):
         last = k.step((x, y))["loss"]
     assert last < 0.5 * first
+
+
+@pytest.mark.parametrize("pause_at", [5, 7])
+def test_resume_from_state_dict_is_bit_exact_and_drops_stale_inverses(pause_at):
+    """A checkpoint where the next step re-inverts (step 5, period 5) carries no inverses; resuming
+    from it, or from one that keeps them (step 7), continues exactly as the uninterrupted run."""
+
+    def build():
+        torch.manual_seed(8)
+        model = nn.Sequential(
+            nn.Conv2d(2, 3, 3, stride=2, padding=1), nn.Tanh(), nn.ConvTranspose2d(3, 2, 3, 2, 1, 1)
+        ).double()
+        return model, KFAC(Objective(model, "squared_error"), inverse_update_period=5)
+
+    torch.manual_seed(9)
+    batches = [torch.randn(4, 2, 6, 6) for _ in range(10)]
+    model, k = build()
+    for x in batches:
+        k.step((x, x))
+    model2, k2 = build()
+    for x in batches[:pause_at]:
+        k2.step((x, x))
+    state = copy.deepcopy(k2.state_dict())
+    weights = copy.deepcopy(model2.state_dict())
+    assert all(b["A_inv"] is None for b in state["blocks"]) == (pause_at % 5 == 0)
+    model3, k3 = build()
+    model3.load_state_dict(weights)
+    k3.load_state_dict(state)
+    for x in batches[pause_at:]:
+        k3.step((x, x))
+    for p, q in zip(model.parameters(), model3.parameters(), strict=True):
+        assert torch.equal(p, q)

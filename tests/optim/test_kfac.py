@@ -276,9 +276,10 @@ def test_kfac_reduces_a_logistic_regression_loss():
 
 
 @pytest.mark.parametrize("pause_at", [5, 7])
-def test_resume_from_state_dict_is_bit_exact_and_drops_stale_inverses(pause_at):
-    """A checkpoint where the next step re-inverts (step 5, period 5) carries no inverses; resuming
-    from it, or from one that keeps them (step 7), continues exactly as the uninterrupted run."""
+def test_resume_from_state_dict_continues_the_run_and_drops_stale_inverses(pause_at):
+    """A checkpoint keeps the symmetric factors' upper triangles, and no inverses where the next step
+    re-inverts (step 5, period 5); resuming from it, or from one that keeps the inverses (step 7),
+    continues as the uninterrupted run."""
 
     def build():
         torch.manual_seed(8)
@@ -298,10 +299,20 @@ def test_resume_from_state_dict_is_bit_exact_and_drops_stale_inverses(pause_at):
     state = copy.deepcopy(k2.state_dict())
     weights = copy.deepcopy(model2.state_dict())
     assert all(b["A_inv"] is None for b in state["blocks"]) == (pause_at % 5 == 0)
+    for b, saved in zip(
+        k2.blocks, state["blocks"], strict=True
+    ):  # upper triangles of exactly symmetric factors
+        assert torch.equal(b.A, b.A.t()) and torch.equal(b.G, b.G.t())
+        assert saved["A"].shape == (b.A.shape[0] * (b.A.shape[0] + 1) // 2,)
     model3, k3 = build()
     model3.load_state_dict(weights)
     k3.load_state_dict(state)
+    for b2, b3 in zip(k2.blocks, k3.blocks, strict=True):  # the packed factors round-trip exactly
+        assert torch.equal(b2.A, b3.A) and torch.equal(b2.G, b3.G)
     for x in batches[pause_at:]:
         k3.step((x, x))
+    # Two identical runs in one process can already differ in the last bit (GEMM/convolution
+    # kernels depend on buffer alignment), so the trajectories are compared to rounding: an
+    # inverse recomputed from later factors would be off by far more.
     for p, q in zip(model.parameters(), model3.parameters(), strict=True):
-        assert torch.equal(p, q)
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)

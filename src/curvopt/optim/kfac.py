@@ -148,6 +148,35 @@ def _convT_first_row(m: nn.ConvTranspose2d) -> tuple[int, int]:
     return m.kernel_size[0] - 1 - m.padding[0], m.kernel_size[1] - 1 - m.padding[1]
 
 
+def _mirror_upper(m: Tensor) -> Tensor:
+    """``m`` with its strict lower triangle replaced by the upper one's mirror.
+
+    A Gram matrix from a GEMM can differ from its transpose in the last bits; making the factors
+    exactly symmetric lets a checkpoint keep only their upper triangles (:func:`_pack_sym`).
+    """
+    return m.triu() + m.triu(1).t()
+
+
+def _pack_sym(m: Tensor | None) -> Tensor | None:
+    """The upper triangle (diagonal included) of an exactly symmetric matrix, row by row."""
+    if m is None:
+        return None
+    i, j = torch.triu_indices(m.shape[0], m.shape[0], device=m.device)
+    return m[i, j]
+
+
+def _unpack_sym(v: Tensor | None) -> Tensor | None:
+    """Inverse of :func:`_pack_sym`; a 2-D tensor (an older, unpacked checkpoint) passes unchanged."""
+    if v is None or v.dim() == 2:
+        return v
+    n = int((math.isqrt(8 * v.numel() + 1) - 1) // 2)
+    i, j = torch.triu_indices(n, n, device=v.device)
+    m = v.new_zeros(n, n)
+    m[i, j] = v
+    m[j, i] = v
+    return m
+
+
 def _even_slice(ks: list[int]) -> slice:
     """The slice selecting the evenly spaced indices ``ks``."""
     step = ks[1] - ks[0] if len(ks) > 1 else 1
@@ -535,9 +564,9 @@ class KFAC(AlgorithmBase):
         old, new = self.ema, 1.0 - self.ema
         kron = [b for b in self.blocks if b.kind != "diag"]
         for b, ds in zip(kron, ds_list, strict=True):
-            A_hat = self._input_factor(b)
+            A_hat = _mirror_upper(self._input_factor(b))
             g = self._rows_G(b, ds)
-            G_hat = normaliser * (g.t() @ g)
+            G_hat = _mirror_upper(normaliser * (g.t() @ g))
             # debiased EMA (kfac-jax's WeightedMovingAverage): value = raw / weight
             b.A = new * A_hat if b.A is None else old * b.A + new * A_hat
             b.G = new * G_hat if b.G is None else old * b.G + new * G_hat
@@ -736,9 +765,10 @@ class KFAC(AlgorithmBase):
     def state_dict(self) -> dict[str, Any]:
         """Step count, damping, velocity, RNG state and every block's factors and inverses.
 
-        The inverses are left out (``None``) when the next step recomputes them anyway
-        (``step_count`` a multiple of ``inverse_update_period``): a checkpoint taken there is about
-        half the size and resumes bit-for-bit.
+        The Kronecker factors, exactly symmetric, are stored as their upper triangles, and the
+        inverses are left out (``None``) when the next step recomputes them anyway (``step_count`` a
+        multiple of ``inverse_update_period``): a checkpoint taken there holds about a quarter of
+        the factor data and resumes bit-for-bit.
 
         Returns:
             A dict accepted by :meth:`load_state_dict`.
@@ -751,8 +781,8 @@ class KFAC(AlgorithmBase):
             "generator": self.generator.get_state(),
             "blocks": [
                 {
-                    "A": b.A,
-                    "G": b.G,
+                    "A": b.A if b.kind == "diag" else _pack_sym(b.A),
+                    "G": _pack_sym(b.G),
                     "weight": b.weight,
                     "A_inv": None if stale else b.A_inv,
                     "G_inv": None if stale else b.G_inv,
@@ -772,7 +802,8 @@ class KFAC(AlgorithmBase):
         self.velocity = state["velocity"]
         self.generator.set_state(state["generator"])
         for b, s in zip(self.blocks, state["blocks"], strict=True):
-            b.A, b.G, b.weight, b.A_inv, b.G_inv = s["A"], s["G"], s["weight"], s["A_inv"], s["G_inv"]
+            b.A = s["A"] if b.kind == "diag" else _unpack_sym(s["A"])
+            b.G, b.weight, b.A_inv, b.G_inv = _unpack_sym(s["G"]), s["weight"], s["A_inv"], s["G_inv"]
 
 
 def build_kfac(objective: Objective, data: DataBundle, **options: Any) -> KFAC:

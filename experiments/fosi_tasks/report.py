@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from curvopt.analysis.pack import UNFINISHED
+from curvopt.analysis.records import load_summaries
 from experiments.report.core import (
     NOT_PAPER_SCALE,
     QUALITATIVE,
@@ -329,7 +330,7 @@ def fosi_fig6(ctx: Context) -> ItemResult:
         NotRun: No K-FAC or L-BFGS runs next to FOSI-HB.
     """
     analysis, runs, profiles, sums = _fosi_tasks(ctx)
-    rows, oks, alone = [], [], []
+    rows, oks, alone, budget_notes, in_progress = [], [], [], [], []
     for key, task_runs in runs.items():
         task = analysis.TASKS[key]
         cands = {"FOSI-HB": "fosi_heavy_ball"}
@@ -343,6 +344,14 @@ def fosi_fig6(ctx: Context) -> ItemResult:
             if "fosi_heavy_ball" in task_runs:
                 alone.append(f"{key} ({profiles[key]})")
             continue
+        stops = competitor_stops(ctx.results, task.experiment, profiles[key], cands)
+        waiting = [f"{label} ({text})" for label, (kind, text) in stops.items() if kind == "in progress"]
+        if waiting:
+            in_progress.append(f"{key} ({profiles[key]}): " + ", ".join(waiting))
+            continue
+        budget_notes += [
+            f"{key} {label}: {text}" for label, (kind, text) in stops.items() if kind == "budget"
+        ]
         curves = {
             label: analysis.eval_curve(task_runs[run], task.val_loss, scale=task.val_loss_scale)
             for label, run in cands.items()
@@ -372,6 +381,8 @@ def fosi_fig6(ctx: Context) -> ItemResult:
             }
         )
     if not rows:
+        if in_progress:
+            raise NotRun("competitors still running: " + "; ".join(in_progress))
         raise NotRun("no K-FAC / L-BFGS runs next to FOSI-HB")
     profile = "paper" if all(p == "paper" for p in profiles.values()) else "quick"
     frame = pd.DataFrame(rows)
@@ -396,9 +407,64 @@ def fosi_fig6(ctx: Context) -> ItemResult:
                 if alone
                 else []
             ),
+            *(["not judged yet, a competitor is paused: " + "; ".join(in_progress)] if in_progress else []),
+            *(
+                [
+                    "compared at equal time, not equal work (the competitor stopped at its time budget): "
+                    + "; ".join(budget_notes)
+                ]
+                if budget_notes
+                else []
+            ),
         ],
         provenance=provenance(sums),
     )
+
+
+def competitor_stops(
+    results: Path, experiment: str, profile: str, cands: dict[str, str]
+) -> dict[str, tuple[str, str]]:
+    """How Figure 6's competitors stopped, where it matters for the judgement.
+
+    A competitor run that is not over (paused, or running) cannot be judged yet: its best so far
+    is not its best. One that stopped at ``trainer.max_algo_time_s`` before its ``max_steps`` was
+    run for a time budget (equal time with FOSI-HB, not equal work), which the report must say.
+
+    Args:
+        results: The results directory.
+        experiment: The task's experiment directory (``fosi_ae``).
+        profile: The task's profile.
+        cands: Figure 6's runs, label to run key (``{"K-FAC": "kfac", ...}``).
+
+    Returns:
+        Per competitor label with something to say: ``("in progress", text)`` or ``("budget", text)``.
+    """
+    from experiments.fosi_tasks import analysis
+
+    sums = load_summaries(results, experiment)
+    if sums.empty or "run_id" not in sums:
+        return {}
+    keys = sums["run_id"].map(lambda r: analysis.run_key(str(r), profile))
+    out: dict[str, tuple[str, str]] = {}
+    for label, key in cands.items():
+        if label == "FOSI-HB":
+            continue
+        match = sums[keys == key]
+        if match.empty:
+            continue
+        r = match.iloc[0]
+        steps = r.get("steps")
+        steps_text = f"step {int(steps):,}" if finite(steps) else "step ?"
+        max_steps = r.get("cfg.trainer.max_steps")
+        of = f" of {int(max_steps):,}" if finite(max_steps) else ""
+        if r.get("status") in NOT_OVER:
+            out[label] = ("in progress", f"{r.get('status')} at {steps_text}{of}")
+        elif r.get("stop_reason") == "max_algo_time":
+            out[label] = (
+                "budget",
+                f"{label} stopped at its {fmt(r.get('algo_time_s'))} s time budget, {steps_text}{of}",
+            )
+    return out
 
 
 def fosi_fig2(ctx: Context) -> ItemResult:

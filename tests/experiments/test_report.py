@@ -488,6 +488,41 @@ def test_fosi_fig6_needs_lower_and_faster(tmp_path: Path) -> None:
     assert statuses(tmp_path / "c", item)["fosi/fig6"].status == core.DIFFERENT
 
 
+def test_fosi_fig6_paused_competitor_is_not_judged_and_budget_stop_is_named(tmp_path: Path) -> None:
+    """A paused K-FAC's best so far is not its best: the task waits. A K-FAC stopped by its time
+    budget is judged, and the report says the comparison is at equal time, not equal work."""
+    item = [i for i in ITEMS if i.paper == "fosi" and i.key == "fig6"]
+    cfg = {"profile": "paper", "seed": 0, "dataset": {"name": "mnist"}, "trainer": {"max_steps": 100}}
+    rows = [
+        {"step": 10 * i, "epoch": float(i), "algo_time_s": t, "test/loss": v, "test/accuracy": 0.9}
+        for i, (t, v) in enumerate([(5.0, 0.30), (10.0, 0.26)], start=1)
+    ]
+    kfac_rows = [{**r, "test/loss": r["test/loss"] + 0.05, "algo_time_s": 2 * r["algo_time_s"]} for r in rows]
+    for name, status, extra in (
+        ("paused", "interrupted", {"stop_reason": "paused", "steps": 20}),
+        ("budget", "completed", {"stop_reason": "max_algo_time", "steps": 20, "algo_time_s": 20.0}),
+    ):
+        root = tmp_path / name
+        write_run(
+            root,
+            "fosi_lr",
+            "fosi_heavy_ball_paper_s0",
+            {**cfg, "optimizer": {"name": "fosi_heavy_ball"}},
+            rows,
+        )
+        write_run(
+            root, "fosi_lr", "kfac_paper_s0", {**cfg, "optimizer": {"name": "kfac"}}, kfac_rows, status, extra
+        )
+    res = statuses(tmp_path / "paused", item)["fosi/fig6"]
+    assert res.status == core.NOT_RUN
+    assert any(
+        "competitors still running" in n and "K-FAC (interrupted at step 20 of 100)" in n for n in res.notes
+    )
+    res = statuses(tmp_path / "budget", item)["fosi/fig6"]
+    assert res.status != core.NOT_RUN and res.status != core.DIFFERENT
+    assert any("equal time, not equal work" in n and "step 20 of 100" in n for n in res.notes)
+
+
 # -- RACS/Alice Table 2 from hand-made records ----------------------------------------------------------------
 def alice_runs(root: Path, alice_final_ppl: float) -> None:
     """Quick profile (tiny LLaMA): Adam ends at ppl 200 after 200 steps; Alice at ``alice_final_ppl``."""

@@ -382,7 +382,7 @@ def fosi_fig6(ctx: Context) -> ItemResult:
         )
     if not rows:
         if in_progress:
-            raise NotRun("competitors still running: " + "; ".join(in_progress))
+            raise NotRun("competitors not finished (paused or running): " + "; ".join(in_progress))
         raise NotRun("no K-FAC / L-BFGS runs next to FOSI-HB")
     profile = "paper" if all(p == "paper" for p in profiles.values()) else "quick"
     frame = pd.DataFrame(rows)
@@ -407,7 +407,7 @@ def fosi_fig6(ctx: Context) -> ItemResult:
                 if alone
                 else []
             ),
-            *(["not judged yet, a competitor is paused: " + "; ".join(in_progress)] if in_progress else []),
+            *(["not judged yet, a competitor has not finished (paused or running): " + "; ".join(in_progress)] if in_progress else []),
             *(
                 [
                     "compared at equal time, not equal work (the competitor stopped at its time budget): "

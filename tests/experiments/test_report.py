@@ -516,7 +516,7 @@ def test_fosi_fig6_paused_competitor_is_not_judged_and_budget_stop_is_named(tmp_
     res = statuses(tmp_path / "paused", item)["fosi/fig6"]
     assert res.status == core.NOT_RUN
     assert any(
-        "competitors still running" in n and "K-FAC (interrupted at step 20 of 100)" in n for n in res.notes
+        "competitors not finished" in n and "K-FAC (interrupted at step 20 of 100)" in n for n in res.notes
     )
     res = statuses(tmp_path / "budget", item)["fosi/fig6"]
     assert res.status != core.NOT_RUN and res.status != core.DIFFERENT

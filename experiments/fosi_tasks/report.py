@@ -407,7 +407,14 @@ def fosi_fig6(ctx: Context) -> ItemResult:
                 if alone
                 else []
             ),
-            *(["not judged yet, a competitor has not finished (paused or running): " + "; ".join(in_progress)] if in_progress else []),
+            *(
+                [
+                    "not judged yet, a competitor has not finished (paused or running): "
+                    + "; ".join(in_progress)
+                ]
+                if in_progress
+                else []
+            ),
             *(
                 [
                     "compared at equal time, not equal work (the competitor stopped at its time budget): "

@@ -51,6 +51,44 @@ def _label(key: str, rows: pd.DataFrame | None = None) -> str:
     return label
 
 
+def provenance(runs: dict[str, pd.DataFrame], profile: str) -> str:
+    """What a figure's curves come from: ``profile paper · cpu · seed 0 · process clock, 1 thread``.
+
+    Args:
+        runs: The figure's runs (record frames with the loop's ``device``, ``seed``, ``clock`` and
+            ``num_threads`` columns where the records have them).
+        profile: The profile drawn.
+
+    Returns:
+        One line for the figure's title.
+    """
+
+    def values(col: str) -> list[str]:
+        seen: list[str] = []
+        for rows in runs.values():
+            if col in rows:
+                for v in rows[col].dropna().unique():
+                    text = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+                    if text not in seen:
+                        seen.append(text)
+        return seen
+
+    parts = [f"profile {profile}"]
+    devices = [d for d in values("device") if d != "auto"]  # "auto": a config value, not a device
+    if devices:
+        parts.append("/".join(devices))
+    seeds = values("seed")
+    if seeds:
+        parts.append(f"seed{'s' if len(seeds) > 1 else ''} {','.join(seeds)}")
+    clock = "/".join(values("clock"))
+    if clock:
+        threads = "/".join(values("num_threads"))
+        parts.append(
+            f"{clock} clock" + (f", {threads} thread{'s' if threads != '1' else ''}" if threads else "")
+        )
+    return " · ".join(parts)
+
+
 def _plot(
     ax, curve: pd.DataFrame, x: str, y: str, key: str, label: str, style_key: str | None = None
 ) -> None:
@@ -92,7 +130,7 @@ def figure5(task: Task, runs: dict[str, pd.DataFrame], profile: str, clock: str,
             if hi > task.fig5_ymax > lo:
                 ax.set_ylim(lo, task.fig5_ymax)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"FOSI Figure 5 — {task.title} (profile {profile})")
+    fig.suptitle(f"FOSI Figure 5 — {task.title}\n{provenance(runs, profile)}", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -113,7 +151,7 @@ def figure2(task: Task, runs: dict[str, pd.DataFrame], profile: str, clock: str,
     axes[0].set(xlabel=f"{clock} time (s)", ylabel="train loss")
     axes[1].set(xlabel=f"{clock} time (s)", ylabel="validation accuracy (hit rate)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"FOSI Figure 2 — {task.title} (profile {profile})")
+    fig.suptitle(f"FOSI Figure 2 — {task.title}\n{provenance(runs, profile)}", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -170,7 +208,7 @@ def figure6(
     axes[0].set(xlabel=f"{clock} time (s)", ylabel="train loss")
     axes[1].set(xlabel=f"{clock} time (s)", ylabel="validation loss")
     axes[0].legend(fontsize=8)
-    title = f"FOSI Figure 6 — {task.title} (profile {profile})"
+    title = f"FOSI Figure 6 — {task.title}\n{provenance(runs, profile)}"
     if notes:
         title += "\n" + "; ".join(notes)
     fig.suptitle(title, fontsize=10)

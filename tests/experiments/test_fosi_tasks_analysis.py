@@ -284,3 +284,16 @@ def test_overhead_remeasuring_one_task_keeps_the_other_rows(tmp_path, monkeypatc
     assert [(r["task"], r["base"]) for r in rows] == [(r["task"], r["base"]) for r in old]
     assert [r["tau3_s"] for r in rows] == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
     assert all("measured_at" in r for r in rows if r["task"] == "lm")
+
+
+def test_figure_provenance_names_profile_device_seeds_and_clock():
+    import pandas as pd
+
+    runs = {
+        "heavy_ball": pd.DataFrame(
+            {"device": ["auto"], "seed": [0], "clock": ["process"], "num_threads": [1.0]}
+        ),
+        "kfac": pd.DataFrame({"device": ["cpu"], "seed": [1], "clock": ["process"], "num_threads": [1.0]}),
+    }
+    assert figures.provenance(runs, "paper") == "profile paper · cpu · seeds 0,1 · process clock, 1 thread"
+    assert figures.provenance({"x": pd.DataFrame({"step": [1]})}, "quick") == "profile quick"

@@ -232,16 +232,8 @@ def _patch_gram(
     for ry in range(lh):
         for rx in range(lw):
             # output row oy ≡ ry reads tap ky at oy·sh + ky·dh, nonzero only on the lattice
-            kys = (
-                [k for k in range(kh) if (ry * sh + k * dh - offset[0]) % lh == 0]
-                if lh > 1
-                else list(range(kh))
-            )
-            kxs = (
-                [k for k in range(kw) if (rx * sw + k * dw - offset[1]) % lw == 0]
-                if lw > 1
-                else list(range(kw))
-            )
+            kys = [k for k in range(kh) if (ry * sh + k * dh - offset[0]) % lh == 0]
+            kxs = [k for k in range(kw) if (rx * sw + k * dw - offset[1]) % lw == 0]
             if not kys or not kxs or ry >= ho or rx >= wo:
                 continue
             # the taps of a class are evenly spaced: slice them (a view), then copy once
@@ -768,7 +760,7 @@ class KFAC(AlgorithmBase):
         The Kronecker factors, exactly symmetric, are stored as their upper triangles, and the
         inverses are left out (``None``) when the next step recomputes them anyway (``step_count`` a
         multiple of ``inverse_update_period``): a checkpoint taken there holds about a quarter of
-        the factor data and resumes bit-for-bit.
+        the factor data, and loading it restores the factors exactly.
 
         Returns:
             A dict accepted by :meth:`load_state_dict`.

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.fosi_tasks.analysis import (  # noqa: E402
@@ -97,6 +98,27 @@ def _plot(
         ax.plot([], [], color=color, ls=ls, label=label + " (no points)")
         return
     ax.plot(curve[x], curve[y], color=color, ls=ls, label=label, marker="." if len(curve) < 30 else None)
+
+
+def _zoom_past_start(ax, share: float = 0.05, ratio: float = 3.0) -> None:
+    """Cut the y-axis to what the curves do after the first ``share`` of the x-range, when the
+    start (an untrained model's loss) is over ``ratio`` times higher and would flatten the rest."""
+    xs, ys = [], []
+    for line in ax.get_lines():
+        x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        ok = np.isfinite(x) & np.isfinite(y)
+        xs.append(x[ok])
+        ys.append(y[ok])
+    if not xs or not any(len(x) for x in xs):
+        return
+    lo_x, hi_x = min(x.min() for x in xs if len(x)), max(x.max() for x in xs if len(x))
+    cut = lo_x + share * (hi_x - lo_x)
+    late = np.concatenate([y[x >= cut] for x, y in zip(xs, ys)])
+    every = np.concatenate(ys)
+    if late.size == 0 or late.max() <= 0 or every.max() <= ratio * late.max():
+        return
+    pad = 0.05 * (late.max() - late.min()) or 0.05 * abs(late.max())
+    ax.set_ylim(late.min() - pad, late.max() + pad)
 
 
 def _mark_divergence(ax, rows: pd.DataFrame, curve: pd.DataFrame, x: str, y: str, key: str) -> None:
@@ -207,6 +229,8 @@ def figure6(
         )
     axes[0].set(xlabel=f"{clock} time (s)", ylabel="train loss")
     axes[1].set(xlabel=f"{clock} time (s)", ylabel="validation loss")
+    for ax in axes:
+        _zoom_past_start(ax)
     axes[0].legend(fontsize=8)
     title = f"FOSI Figure 6 — {task.title}\n{provenance(runs, profile)}"
     if notes:

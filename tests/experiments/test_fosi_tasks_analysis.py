@@ -297,3 +297,23 @@ def test_figure_provenance_names_profile_device_seeds_and_clock():
     }
     assert figures.provenance(runs, "paper") == "profile paper · cpu · seeds 0,1 · process clock, 1 thread"
     assert figures.provenance({"x": pd.DataFrame({"step": [1]})}, "quick") == "profile quick"
+
+
+def test_figure6_axis_zooms_past_an_untrained_start_only():
+    import matplotlib.pyplot as plt
+
+    from experiments.fosi_tasks.figures import _zoom_past_start
+
+    fig, (spiky, flat) = plt.subplots(1, 2)
+    t = list(range(100))
+    spiky.plot(t, [790.0] + [60.0 - 0.1 * i for i in t[1:]])
+    spiky.plot(t, [800.0] + [62.0 - 0.05 * i for i in t[1:]])
+    _zoom_past_start(spiky)
+    lo, hi = spiky.get_ylim()
+    # the late curves span 50.1 to 61.75; the 790-800 start is cut off
+    assert 49.0 < lo < 50.1 and 61.75 < hi < 63.0, (lo, hi)
+    flat.plot(t, [2.0 - 0.01 * i for i in t])
+    before = flat.get_ylim()
+    _zoom_past_start(flat)
+    assert flat.get_ylim() == before
+    plt.close(fig)

@@ -1,0 +1,197 @@
+"""Count what a piece of torch code asks of an accelerator, on any machine (a CPU included).
+
+A GPU step that launches thousands of tiny kernels, or reads a value back to the host, waits on the
+host instead of computing: on an H200 our per-matrix optimizer steps cost ≈ 9.75 µs per dispatched op
+(docs/lean_steps.md). Both numbers depend only on the code, not on the device, so they are measured
+here on the CPU:
+
+* :class:`DispatchCounter` — a ``TorchDispatchMode`` that counts every ATen op dispatched inside it:
+  views (no kernel), allocations (no kernel), kernels (the rest) and **host reads** (an op whose
+  result the host must wait for: ``.item()``, ``float()``/``bool()``/``int()`` of a tensor, boolean-
+  mask indexing, ``nonzero``, ``masked_select``, ``unique``, a copy to the CPU).
+* :func:`fake_cuda` — a ``FakeTensorMode`` in which tensors made with ``device="cuda"`` exist on a
+  CPU-only torch (shapes and dtypes, no data); any host read of such a tensor raises. Code that runs
+  under it makes no host read.
+
+Neither runs the code faster or slower; they only observe it. ``torch.Tensor.tolist()`` of a CPU
+tensor does not dispatch an op, so the counter cannot see it: :func:`fake_cuda` does.
+
+Example:
+    >>> import torch
+    >>> from curvopt.profiling import DispatchCounter
+    >>> x = torch.randn(8)
+    >>> with DispatchCounter() as c:
+    ...     y = (x * 2).sum()
+    ...     _ = float(y)
+    >>> c.ops, c.kernels, c.host_reads
+    (3, 3, 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: Mean H200 wall time per dispatched op of our per-matrix optimizer steps (LLaMA-60M matrices, four
+#: optimizers, r = 0.992; docs/lean_steps.md): the launch-bound prediction is ``ops × this``.
+US_PER_OP_H200 = 9.75
+
+# Ops that allocate without launching a kernel.
+_ALLOCATIONS = {
+    "aten.empty.memory_format",
+    "aten.empty_strided.default",
+    "aten.empty_like.default",
+    "aten.new_empty.default",
+    "aten.new_empty_strided.default",
+}
+# Ops whose result the host must wait for, whatever their arguments.
+_HOST_READS = {
+    "aten._local_scalar_dense.default",
+    "aten.nonzero.default",
+    "aten.nonzero_static.default",
+    "aten.masked_select.default",
+    "aten._unique2.default",
+    "aten.unique_dim.default",
+    "aten.unique_consecutive.default",
+    "aten.repeat_interleave.Tensor",
+    "aten.equal.default",
+    "aten.is_nonzero.default",
+}
+
+
+def _bool_index(args: tuple[Any, ...]) -> bool:
+    """Whether an ``index``/``index_put`` call indexes with a boolean mask (a hidden ``nonzero``)."""
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+
+
+def _to_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a copy moves an accelerator tensor to the CPU."""
+    name = str(func)
+    if name not in ("aten._to_copy.default", "aten.copy_.default"):
+        return False
+    if name == "aten._to_copy.default":
+        src, dev = args[0], kwargs.get("device")
+        return dev is not None and torch.device(dev).type == "cpu" and src.device.type != "cpu"
+    dst, src = args[0], args[1]
+    return dst.device.type == "cpu" and isinstance(src, torch.Tensor) and src.device.type != "cpu"
+
+
+@dataclass
+class DispatchCounter(TorchDispatchMode):
+    """Counts the ATen ops dispatched inside a ``with`` block (see the module docstring).
+
+    Attributes:
+        ops: Every dispatched op.
+        views: Ops that return a view (no kernel, but a host-side dispatch each).
+        allocations: ``empty``-like ops (no kernel).
+        kernels: The rest: ops that launch work on the device (host reads included).
+        host_reads: Ops the host has to wait for.
+        by_name: ``op name -> count``.
+        reads_by_name: ``op name -> count`` of the host reads.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.profiling import DispatchCounter
+        >>> x = torch.randn(4, 4)
+        >>> with DispatchCounter() as c:
+        ...     _ = x[x > 0]
+        >>> c.host_reads, c.reads_by_name
+        (1, Counter({'aten.index.Tensor': 1}))
+    """
+
+    ops: int = 0
+    views: int = 0
+    allocations: int = 0
+    kernels: int = 0
+    host_reads: int = 0
+    by_name: Counter = field(default_factory=Counter)
+    reads_by_name: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = str(func)
+        self.ops += 1
+        self.by_name[name] += 1
+        if getattr(func, "is_view", False):
+            self.views += 1
+        elif name in _ALLOCATIONS:
+            self.allocations += 1
+        else:
+            self.kernels += 1
+        read = name in _HOST_READS
+        if name in ("aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default"):
+            read = _bool_index(args)
+        elif not read:
+            read = _to_cpu(func, args, kwargs)
+        if read:
+            self.host_reads += 1
+            self.reads_by_name[name] += 1
+        return func(*args, **kwargs)
+
+    def summary(self) -> dict[str, int]:
+        """The counts as a plain dict (for JSON records)."""
+        return {
+            "ops": self.ops,
+            "views": self.views,
+            "allocations": self.allocations,
+            "kernels": self.kernels,
+            "host_reads": self.host_reads,
+        }
+
+
+def count_dispatch(fn: Callable[[], Any]) -> DispatchCounter:
+    """Run ``fn()`` once under a fresh :class:`DispatchCounter` and return the counter.
+
+    Args:
+        fn: A callable without arguments.
+
+    Returns:
+        The counter after the call.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.profiling import count_dispatch
+        >>> count_dispatch(lambda: torch.ones(3).add_(1)).summary()
+        {'ops': 2, 'views': 0, 'allocations': 0, 'kernels': 2, 'host_reads': 0}
+    """
+    with DispatchCounter() as counter:
+        fn()
+    return counter
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[Any]:
+    """A ``FakeTensorMode`` for building ``device="cuda"`` tensors on a CPU-only torch.
+
+    Inside it, ``torch.zeros(..., device="cuda")`` and every op on such tensors run on metadata only;
+    reading a value on the host (``.item()``, ``float()``, ``bool()``, ``.tolist()``, a boolean mask,
+    ``nonzero``) raises. Parameters and optimizers created inside it are fake as well.
+
+    Yields:
+        The ``FakeTensorMode``.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.profiling import fake_cuda
+        >>> with fake_cuda():
+        ...     p = torch.nn.Parameter(torch.zeros(3, 2, device="cuda"))
+        ...     p.grad = torch.ones_like(p)
+        ...     opt = torch.optim.AdamW([p], lr=0.1, fused=True)
+        ...     opt.step()
+        ...     print(p.device, type(p.data).__name__)
+        cuda:0 FakeTensor
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        yield mode

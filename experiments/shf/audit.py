@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import torch
 
 from curvopt.curvature.lsmr import lsmr
 from curvopt.curvature.mlp_gn import residual_gauss_newton
+from curvopt.errors import EXIT_BAD_INPUT, BadInputError
 from curvopt.objective import Objective, flatten, unflatten
 from curvopt.optim.shf import chapelle_erhan_precond
 
@@ -87,7 +89,10 @@ def audit(args: argparse.Namespace) -> dict:
     warm_d = None
     step = 0
     if args.checkpoint:
-        state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        from curvopt.training.checkpoint import read_checkpoint, verify_checkpoint
+
+        verify_checkpoint(Path(args.checkpoint))  # data only: weights-only, checksum checked first
+        state = read_checkpoint(Path(args.checkpoint), torch.device("cpu"))
         objective.model.load_state_dict(state["model"])
         alg = state["algorithm"]
         lam, warm_d, step = float(alg["lam"]), alg["warm_d"], int(state["step"])
@@ -303,7 +308,11 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out or args.results_dir / "figures" / f"shf_audit_{args.dataset}_{args.profile}.png")
         print(f"wrote {trajectory(args.results_dir, args.dataset, args.profile, out)}")
         return
-    result = audit(args)
+    try:
+        result = audit(args)
+    except BadInputError as err:  # a checkpoint that is damaged, or holds more than data
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

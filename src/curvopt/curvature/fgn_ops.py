@@ -37,20 +37,31 @@ MARGIN_CLAMP = 80.0
 
 
 # -- input checks ----------------------------------------------------------------------------------
-def check_classification_batch(logits: Tensor, y: Tensor) -> None:
-    """Raise a clear error before any update when the batch cannot define a margin.
+CHECK_FINITE = ("auto", "eager", "deferred")
 
-    One host synchronisation for all checks (labels in ``[0, C)``, finite logits).
+
+def resolve_check_finite(check_finite: str, device: torch.device) -> str:
+    """``"eager"`` or ``"deferred"`` for a ``check_finite`` setting (``"auto"``: eager on the CPU).
 
     Args:
-        logits: Model outputs, shape ``(b, C)``.
-        y: Integer class labels, shape ``(b,)``.
+        check_finite: ``"auto"``, ``"eager"`` or ``"deferred"``.
+        device: The parameters' device.
+
+    Returns:
+        ``"eager"`` or ``"deferred"``.
 
     Raises:
-        ValueError: If the logits are not 2-D, ``C < 2``, the labels are not integer, have the
-            wrong shape, are empty or lie outside ``[0, C)``.
-        FloatingPointError: If a logit is NaN or infinite.
+        ValueError: If ``check_finite`` is none of :data:`CHECK_FINITE`.
     """
+    if check_finite not in CHECK_FINITE:
+        raise ValueError(f"check_finite must be one of {CHECK_FINITE}, got {check_finite!r}")
+    if check_finite == "auto":
+        return "eager" if device.type == "cpu" else "deferred"
+    return check_finite
+
+
+def _check_batch_shapes(logits: Tensor, y: Tensor) -> None:
+    """The checks that need no value of the batch (shapes, dtypes, C ≥ 2)."""
     if logits.dim() != 2:
         raise ValueError(
             f"FGN/SGN need class logits of shape (batch, C); the model returned shape {tuple(logits.shape)}"
@@ -68,20 +79,88 @@ def check_classification_batch(logits: Tensor, y: Tensor) -> None:
         )
     if y.numel() == 0:
         raise ValueError("empty batch")
+
+
+def batch_flags(logits: Tensor, y: Tensor) -> Tensor:
+    """The value checks of :func:`check_classification_batch` as one device tensor (no host read).
+
+    Runs the shape checks (which need no value) first.
+
+    Args:
+        logits: Model outputs, shape ``(b, C)``.
+        y: Integer class labels, shape ``(b,)``.
+
+    Returns:
+        A float64 ``(5,)`` tensor: ``[label < 0, label ≥ C, logits not finite, min label,
+        max label]`` (flags as 0/1); read it with :func:`raise_batch_errors`.
+
+    Raises:
+        ValueError: On the shape checks of :func:`check_classification_batch`.
+    """
+    _check_batch_shapes(logits, y)
     lo, hi = torch.aminmax(logits)  # one pass; nan propagates, ±inf shows in the extremes
-    flags = torch.stack(
-        [y.min() < 0, y.max() >= num_classes, ~(torch.isfinite(lo) & torch.isfinite(hi))]
-    ).tolist()
+    y_lo, y_hi = torch.aminmax(y)
+    return torch.stack(
+        [
+            y_lo < 0,
+            y_hi >= logits.shape[1],
+            torch.logical_not(torch.isfinite(lo) & torch.isfinite(hi)),
+            y_lo,
+            y_hi,
+        ]
+    ).to(torch.float64)
+
+
+def batch_ok(flags: Tensor) -> Tensor:
+    """A 0-d boolean device tensor: whether :func:`batch_flags` found nothing wrong.
+
+    Args:
+        flags: The result of :func:`batch_flags`.
+
+    Returns:
+        ``True`` when the labels are in range and the logits finite.
+    """
+    return flags.narrow(0, 0, 3).sum() == 0
+
+
+def raise_batch_errors(flags: list[float], num_classes: int) -> None:
+    """Raise the error a read :func:`batch_flags` describes (nothing when the batch is fine).
+
+    Args:
+        flags: ``batch_flags(...).tolist()``.
+        num_classes: C.
+
+    Raises:
+        ValueError: If a label lies outside ``[0, C)``.
+        FloatingPointError: If a logit is NaN or infinite.
+    """
     if flags[0] or flags[1]:
         raise ValueError(
-            f"labels must lie in [0, {num_classes}); this batch has labels in "
-            f"[{int(y.min())}, {int(y.max())}]"
+            f"labels must lie in [0, {num_classes}); this batch has labels in [{int(flags[3])}, {int(flags[4])}]"
         )
     if flags[2]:
         raise FloatingPointError(
             "non-finite logits (nan/inf) at the current parameters; no update was made "
             "(the previous step diverged or the inputs hold nan/inf)"
         )
+
+
+def check_classification_batch(logits: Tensor, y: Tensor) -> None:
+    """Raise a clear error before any update when the batch cannot define a margin.
+
+    One host synchronisation for all checks (labels in ``[0, C)``, finite logits); the deferred
+    form (:func:`batch_flags` on the device, read later with :func:`raise_batch_errors`) makes none.
+
+    Args:
+        logits: Model outputs, shape ``(b, C)``.
+        y: Integer class labels, shape ``(b,)``.
+
+    Raises:
+        ValueError: If the logits are not 2-D, ``C < 2``, the labels are not integer, have the
+            wrong shape, are empty or lie outside ``[0, C)``.
+        FloatingPointError: If a logit is NaN or infinite.
+    """
+    raise_batch_errors(batch_flags(logits, y).tolist(), logits.shape[1])
 
 
 # -- the margin map ----------------------------------------------------------------------------------
@@ -98,7 +177,7 @@ def true_class_mask(logits: Tensor, y: Tensor) -> Tensor:
     Returns:
         The ``(b, C)`` mask, ``True`` at ``(i, y_i)``.
     """
-    return torch.arange(logits.shape[1], device=logits.device) == y[:, None]
+    return torch.arange(logits.shape[1], device=logits.device) == y.unsqueeze(1)
 
 
 def true_vs_rest_margin(logits: Tensor, y: Tensor) -> Tensor:
@@ -116,7 +195,7 @@ def true_vs_rest_margin(logits: Tensor, y: Tensor) -> Tensor:
     """
     mask = true_class_mask(logits, y)
     competitors = logits.masked_fill(mask, float("-inf"))
-    true = logits.gather(1, y[:, None]).squeeze(1)
+    true = logits.gather(1, y.unsqueeze(1)).squeeze(1)
     return torch.logsumexp(competitors, dim=1) - true
 
 
@@ -172,7 +251,7 @@ def margin_terms(logits: Tensor, y: Tensor, inplace: bool = False) -> tuple[Tens
     Returns:
         ``(s, a)``: the ``(b,)`` margins and the ``(b, C)`` gradients.
     """
-    index = y[:, None]
+    index = y.unsqueeze(1)
     true = logits.gather(1, index).squeeze(1)
     a = logits if inplace else logits.clone()
     a.scatter_(1, index, float("-inf"))
@@ -264,7 +343,7 @@ def affine_gram(
             gram.add_(1.0)
         gram.mul_(a @ a.T)
         if sqrt_q is not None:
-            gram.mul_(sqrt_q[:, None]).mul_(sqrt_q[None, :])
+            gram.mul_(sqrt_q.unsqueeze(1)).mul_(sqrt_q.unsqueeze(0))
         return gram
     gram = torch.empty(b, b, dtype=h.dtype, device=h.device)
     bounds = [round(k * b / blocks) for k in range(blocks + 1)]
@@ -331,7 +410,7 @@ def row_space_cg(
         bp = matvec(p)
         curvature = torch.dot(p, bp)
         positive = curvature > 0
-        breakdown = breakdown | (active & ~positive)
+        breakdown = breakdown | (active & torch.logical_not(positive))
         step = active & positive
         alpha = torch.where(step, rs / torch.where(positive, curvature, torch.ones_like(curvature)), 0.0)
         x = x + alpha * p

@@ -24,6 +24,11 @@ Logged per step: ``loss`` (mean CE of the batch before the step, ``= mean softpl
 ``cg_iters``, ``cg_residual`` (CG's recursively updated ``‖(K+bλI)u − r̃‖/‖r̃‖``), ``cg_breakdown``, ``xi_mean`` (mean
 dispersion ``ξ = 1 − ‖ρ‖²``), ``dropped_trace_mean`` (mean ``p_† ξ``, the trace of the logit-space
 curvature FGN drops), ``step_norm`` (``‖d‖``), ``lr``, ``damping`` and ``implementation``.
+
+Host reads (a GPU step waits for each): on the CPU the defaults keep the eager checks and CG's early
+exit; on an accelerator (``"auto"``) a step runs CG to its cap with masked no-op iterations, checks
+the batch on the device (``check_finite="deferred"``) and reads the host once, at the end, for the
+logged scalars; ``host_stats=False`` leaves even that read to the caller (:meth:`FGN.read_stats`).
 """
 
 from __future__ import annotations
@@ -40,12 +45,16 @@ from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.fgn_ops import (
     MARGIN_CLAMP,
     affine_gram,
+    batch_flags,
+    batch_ok,
     check_classification_batch,
     dispersion_from_gradient,
     fgn_weights,
     linear_maps,
     log_breakdown,
     margin_terms,
+    raise_batch_errors,
+    resolve_check_finite,
     row_space_cg,
 )
 from curvopt.objective import Objective
@@ -160,7 +169,7 @@ def affine_fgn_direction(
             "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
             "step_norm": torch.sqrt(torch.dot(u, ku).clamp_min(0)),  # ‖d‖² = uᵀKu
         }
-        ca = a.mul_((sqrt_q * u)[:, None])  # c ∘ A, in place: A is not needed any more
+        ca = a.mul_((sqrt_q * u).unsqueeze(1))  # c ∘ A, in place: A is not needed any more
     return ca, stats
 
 
@@ -185,18 +194,31 @@ class FGN(AlgorithmBase):
         cg_maxiter: CG iteration cap (≥ 1); CG starts from ``u = 0`` (no warm start).
         implementation: ``"auto"`` (closed form for a linear head, generic otherwise),
             ``"generic"``, ``"affine"`` (error if the model is not a linear head).
-        cg_early_exit: ``False`` runs all ``cg_maxiter`` iterations as masked no-ops once
-            converged (compile-friendly, no host sync).
+        cg_early_exit: ``True`` stops CG once converged (one host read per iteration);
+            ``False`` runs all ``cg_maxiter`` iterations, the converged ones as masked no-ops
+            (the same result; compile-friendly, no host read); ``"auto"``: ``True`` on the CPU,
+            ``False`` on an accelerator.
         margin_clamp: ``|s|`` clamp for ``√q`` and ``r̃`` only.
         compile: Wrap the closed-form solve in ``torch.compile`` (the paper timed JIT-compiled
             steps).
         gram_blocks: Symmetric blocked Gram (see :func:`~curvopt.curvature.fgn_ops.affine_gram`);
             ``"auto"`` = 4 on CPU, 1 on GPU.
+        check_finite: How a batch that cannot define a margin (non-finite logits, labels outside
+            ``[0, C)``) is refused; the error and the untouched parameters are the same either way.
+            ``"eager"``: checked with a host read before the update; ``"deferred"``: checked on
+            the device, the update gated on the result (``torch.where``: a refused step adds 0)
+            and the error raised at the step's read of its logged scalars (or by
+            :meth:`read_stats` with ``host_stats=False``); ``"auto"``: eager on the CPU,
+            deferred on an accelerator.
+        host_stats: ``True``: :meth:`step` returns the logged scalars as Python numbers (one
+            stacked host read at the end of the step). ``False``: it returns them as 0-d
+            device tensors and makes no host read; :meth:`read_stats` turns them into numbers
+            (and raises a deferred error) when the caller logs.
 
     Raises:
         ValueError: If the loss is not cross-entropy, ``lr``/``damping`` are not finite positive
-            numbers (NaN and inf included), the CG settings are out of range, or
-            ``implementation`` is unknown or ``"affine"`` for a model that is not a linear head.
+            numbers (NaN and inf included), the CG settings or ``check_finite`` are out of range,
+            or ``implementation`` is unknown or ``"affine"`` for a model that is not a linear head.
         TypeError: If a trainable parameter is complex (or not floating point).
 
     Example:
@@ -224,10 +246,12 @@ class FGN(AlgorithmBase):
         cg_tol: float = 1e-5,
         cg_maxiter: int = 5,
         implementation: str = "auto",
-        cg_early_exit: bool = True,
+        cg_early_exit: bool | str = "auto",
         margin_clamp: float = MARGIN_CLAMP,
         compile: bool = False,
         gram_blocks: int | str = "auto",
+        check_finite: str = "auto",
+        host_stats: bool = True,
     ) -> None:
         if objective.loss_kind != "cross_entropy":
             raise ValueError(
@@ -251,7 +275,14 @@ class FGN(AlgorithmBase):
         self.damping = float(damping)
         self.cg_tol = float(cg_tol)
         self.cg_maxiter = int(cg_maxiter)
-        self.cg_early_exit = bool(cg_early_exit)
+        device = next(objective.model.parameters()).device
+        if cg_early_exit == "auto":
+            cg_early_exit = device.type == "cpu"
+        elif not isinstance(cg_early_exit, bool):
+            raise ValueError(f"cg_early_exit must be True, False or 'auto', got {cg_early_exit!r}")
+        self.cg_early_exit = cg_early_exit
+        self.check_finite = resolve_check_finite(check_finite, device)
+        self.host_stats = bool(host_stats)
         self.margin_clamp = float(margin_clamp)
         self.head = find_affine_head(objective.model) if implementation in ("auto", "affine") else None
         if implementation == "affine" and self.head is None:
@@ -264,7 +295,6 @@ class FGN(AlgorithmBase):
         if compile and self.head is not None:
             self._direction = torch.compile(affine_fgn_direction, dynamic=False)
         if gram_blocks == "auto":
-            device = next(objective.model.parameters()).device
             gram_blocks = 4 if device.type == "cpu" else 1
         self.gram_blocks = int(gram_blocks)
         self.steps = 0
@@ -279,10 +309,11 @@ class FGN(AlgorithmBase):
         Returns:
             The logged scalars of the module docstring (``loss``, ``cg_iters``, ``cg_residual``,
             ``cg_breakdown``, ``xi_mean``, ``dropped_trace_mean``, ``step_norm``, ``lr``,
-            ``damping``, ``implementation``).
+            ``damping``, ``implementation``): Python numbers, or with ``host_stats=False`` 0-d
+            tensors (and the pending checks) for :meth:`read_stats`.
 
         Raises:
-            ValueError: If the batch cannot define a margin (checked before any update).
+            ValueError: If the batch cannot define a margin (no update is made).
             FloatingPointError: If the logits are not finite (no update is made).
         """
         x, y = batch
@@ -293,15 +324,47 @@ class FGN(AlgorithmBase):
         self.steps += 1
         return stats
 
-    def _finish(self, stats: dict[str, Tensor]) -> dict[str, Any]:
-        keys = list(stats)
-        values = torch.stack([stats[k].to(torch.float64) for k in keys]).tolist()  # one host sync
-        out: dict[str, Any] = dict(zip(keys, values))
+    def _check(self, z: Tensor, y: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The batch checks: eager (raise now) or deferred (labels made safe, flags returned)."""
+        if self.check_finite == "eager":
+            check_classification_batch(z, y)
+            return y, None
+        flags = batch_flags(z, y)
+        return y.clamp(0, z.shape[1] - 1), flags  # out-of-range labels must not index on the device
+
+    def _finish(self, stats: dict[str, Tensor], flags: Tensor | None, num_classes: int) -> dict[str, Any]:
+        out: dict[str, Any] = dict(stats)
+        out["_checks"] = (flags, num_classes, self.steps)
+        out.update(lr=self.lr, damping=self.damping, implementation=self.implementation)
+        return self.read_stats(out) if self.host_stats else out
+
+    def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.
+
+        Args:
+            stats: What :meth:`step` returned with ``host_stats=False``.
+
+        Returns:
+            The logged scalars as Python numbers (what ``host_stats=True`` returns).
+
+        Raises:
+            ValueError: If the step's batch had labels outside ``[0, C)`` (it made no update).
+            FloatingPointError: If the step's logits were not finite (it made no update).
+        """
+        flags, num_classes, step = stats["_checks"]
+        keys = [k for k, v in stats.items() if isinstance(v, Tensor)]
+        parts = [stats[k].to(torch.float64).reshape(1) for k in keys]
+        if flags is not None:
+            parts.append(flags)
+        values = torch.cat(parts).tolist()  # one host read
+        if flags is not None:
+            raise_batch_errors(values[len(keys) :], num_classes)
+        out = {k: v for k, v in stats.items() if k != "_checks"}
+        out.update(zip(keys, values))
         out["cg_iters"] = int(out["cg_iters"])
         out["cg_breakdown"] = int(out["cg_breakdown"])
         if out["cg_breakdown"]:
-            log_breakdown("FGN", self.steps, {"iters": out["cg_iters"]})
-        out.update(lr=self.lr, damping=self.damping, implementation=self.implementation)
+            log_breakdown("FGN", step, {"iters": out["cg_iters"]})
         return out
 
     def _affine_step(self, x: Tensor, y: Tensor) -> dict[str, Any]:
@@ -310,7 +373,8 @@ class FGN(AlgorithmBase):
         h = x.reshape(x.shape[0], -1)
         with torch.no_grad():
             z = F.linear(h, head.weight, head.bias)
-            check_classification_batch(z, y)
+            num_classes = z.shape[1]
+            y, flags = self._check(z, y)
             ca, stats = self._direction(
                 head.weight,
                 head.bias,
@@ -324,18 +388,23 @@ class FGN(AlgorithmBase):
                 self.margin_clamp,
                 self.gram_blocks,
             )
+            if flags is not None:  # a refused batch adds exactly 0 (cA and h zeroed, nan included)
+                ok = batch_ok(flags)
+                ca = torch.where(ok, ca, 0.0)
+                h = torch.where(ok, h, 0.0)
             # w ← w + α d with d_W = −cAᵀh, d_b = −Σ cA: back-projection fused into the update
             head.weight.addmm_(ca.T, h, alpha=-self.lr)
             if head.bias is not None:
                 head.bias.add_(ca.sum(dim=0), alpha=-self.lr)
-        return self._finish(stats)
+        return self._finish(stats, flags, num_classes)
 
     def _generic_step(self, x: Tensor, y: Tensor) -> dict[str, Any]:
         objective = self.objective
         params = objective.params()
         z, vjp_z, jvp_z, _ = linear_maps(lambda p: objective.forward(p, x), params)
         z = z.detach()
-        check_classification_batch(z, y)
+        num_classes = z.shape[1]
+        y, flags = self._check(z, y)
         b = z.shape[0]
         with torch.no_grad():
             s, a = margin_terms(z, y)  # a = ∇_z s: the margin map's JVP/VJP are a·(logit JVP/VJP)
@@ -343,7 +412,7 @@ class FGN(AlgorithmBase):
         shift = b * self.damping
 
         def margin_vjp(v: Tensor) -> dict[str, Tensor]:  # Jᵀ v for the margin map
-            return vjp_z(v[:, None] * a)
+            return vjp_z(v.unsqueeze(1) * a)
 
         def margin_jvp(t: dict[str, Tensor]) -> Tensor:  # J t
             return (a * jvp_z(t)).sum(dim=1)
@@ -356,6 +425,9 @@ class FGN(AlgorithmBase):
         )
         with torch.no_grad():
             back = margin_vjp(sqrt_q * u)  # −d = J̃ᵀu
+            if flags is not None:  # a refused batch adds exactly 0 (nan included)
+                ok = batch_ok(flags)
+                back = {name: torch.where(ok, t, 0.0) for name, t in back.items()}
             for name, p in params.items():
                 p.add_(back[name], alpha=-self.lr)
             xi = dispersion_from_gradient(a)
@@ -368,7 +440,7 @@ class FGN(AlgorithmBase):
                 "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
                 "step_norm": torch.sqrt(sum(torch.vdot(t.reshape(-1), t.reshape(-1)) for t in back.values())),
             }
-        return self._finish(stats)
+        return self._finish(stats, flags, num_classes)
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

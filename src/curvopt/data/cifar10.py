@@ -3,7 +3,9 @@
 Where the images come from, first hit wins:
 
 1. the official python layout ``<data_dir>/cifar-10-batches-py/`` (or ``<data_dir>/cifar10/…``), as
-   unpacked from ``cifar-10-python.tar.gz`` or written by torchvision;
+   unpacked from ``cifar-10-python.tar.gz`` or written by torchvision; its pickles are read by an
+   unpickler that builds only what the format holds (dicts, lists, strings, numbers, numeric numpy
+   arrays: :func:`read_python_batch`), so a data folder handed over cannot run code;
 2. the project's lossless packed form ``<data_dir>/cifar10/{data_batch_1..5,test_batch}.webp`` +
    ``{train,test}_labels.npy`` (one 3200×3200 mosaic per official batch; decoding is byte-exact, see
    its PROVENANCE.md), decoded directly (≈0.5 s per batch);
@@ -31,6 +33,7 @@ import logging
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,12 +79,148 @@ def _find_packed(data_dir: Path) -> Path | None:
     return None
 
 
+class _NdarrayName:
+    """Stands for ``numpy.ndarray`` in a batch: only :func:`_reconstruct` accepts it (nothing calls it)."""
+
+
+def _reconstruct(cls: Any, shape: Any, dtype_char: Any) -> np.ndarray:
+    """The ``_reconstruct`` of numpy for a plain ``ndarray`` only (what a pickled array starts from)."""
+    if cls is not _NdarrayName:
+        raise pickle.UnpicklingError(f"it holds an array of class {cls!r}, not numpy.ndarray")
+    return np.ndarray.__new__(np.ndarray, shape, dtype_char)
+
+
+def _dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
+    """``numpy.dtype`` for numbers only (an object dtype would let an array hold anything)."""
+    dtype = np.dtype(spec, bool(align), bool(copy))
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise pickle.UnpicklingError(f"it holds an array of dtype {dtype}, not a numeric one")
+    return dtype
+
+
+def _frombuffer(buf: Any, dtype: Any, shape: Any, order: str) -> np.ndarray:
+    """The ``_frombuffer`` of numpy (arrays at pickle protocol 5), for numeric dtypes only."""
+    if not isinstance(buf, (bytes, bytearray)) or not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError("it builds an array from something other than bytes and a dtype")
+    dtype = _dtype(dtype)
+    array = np.frombuffer(buf, dtype=dtype)
+    return array.reshape(tuple(shape)[::-1]).T if order == "F" else array.reshape(tuple(shape))
+
+
+def _latin1_encode(text: Any, encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as Python 3 pickles bytes at protocol 2 (latin-1 text only)."""
+    if not isinstance(text, str) or encoding.lower().replace("-", "") not in ("latin1", "iso88591"):
+        raise pickle.UnpicklingError(f"it holds bytes encoded as {encoding!r}")
+    return text.encode("latin1")
+
+
+# The globals a CIFAR-10 python batch needs: numpy's array reconstruction (the official files pickle
+# `data` as an ndarray; numpy's module was renamed numpy._core in 2.0; _frombuffer at protocol 5)
+# and the protocol-2 bytes helper of Python 3 writers. Each is a guarded stand-in, so a batch
+# builds arrays and nothing else.
+_BATCH_GLOBALS: dict[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): _NdarrayName,
+    ("numpy", "dtype"): _dtype,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("_codecs", "encode"): _latin1_encode,
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """An unpickler for CIFAR-10 python batches: dicts, lists, str, bytes, numbers and numeric arrays.
+
+    Any other class or function the file names is refused before it is looked up, so a batch file
+    cannot run code (as ``pickle.load`` would run whatever the file names).
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Return the guarded stand-in for an allowed global; refuse every other one.
+
+        Args:
+            module: The module the pickle names.
+            name: The name in it.
+
+        Returns:
+            The stand-in of :data:`_BATCH_GLOBALS`.
+
+        Raises:
+            pickle.UnpicklingError: ``module.name`` is not part of the format.
+        """
+        found = _BATCH_GLOBALS.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which the format never holds")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        """Refuse persistent ids (the format has none).
+
+        Args:
+            pid: The id in the file.
+
+        Raises:
+            pickle.UnpicklingError: Always.
+        """
+        raise pickle.UnpicklingError("it holds a persistent id, which the format never holds")
+
+
+def read_python_batch(path: Path) -> dict[str, Any]:
+    """One batch of the official python layout (``data_batch_1`` ... ``test_batch``), unpickled safely.
+
+    Only what the format holds is built: a dict of str (or bytes) keys, lists, strings, numbers and
+    numeric numpy arrays (:class:`_BatchUnpickler`); anything else is refused without running it.
+
+    Args:
+        path: The batch file.
+
+    Returns:
+        Its dict, keys as ``str`` (Python 2 strings are read as latin-1): ``data`` (uint8
+        ``[N, 3072]``), ``labels`` (``N`` ints), and ``batch_label`` / ``filenames`` when present.
+
+    Raises:
+        CorruptDataError: The file names a class or function the format does not hold, cannot be
+            unpickled, or is not a CIFAR-10 batch (``data`` / ``labels`` missing or mis-shaped);
+            the message names the file.
+    """
+    try:
+        with open(path, "rb") as fh:
+            entry = _BatchUnpickler(fh, encoding="latin1").load()
+    except pickle.UnpicklingError as err:
+        raise CorruptDataError(
+            f"{path} is not a CIFAR-10 python batch: {err}; it was not loaded (a batch holds "
+            f"a dict of lists, strings and one uint8 array). Replace the folder with a fresh copy: {HOW_TO_GET}"
+        ) from err
+    except Exception as err:  # truncated, not a pickle
+        raise CorruptDataError(
+            f"{path} cannot be read as a CIFAR-10 python batch ({type(err).__name__}: {err})"
+        ) from err
+    if isinstance(entry, dict):
+        entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    data = entry.get("data") if isinstance(entry, dict) else None
+    labels = entry.get("labels") if isinstance(entry, dict) else None
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3072
+        or not isinstance(labels, list)
+        or len(labels) != data.shape[0]
+        or not all(isinstance(v, int) and 0 <= v < 10 for v in labels)
+    ):
+        raise CorruptDataError(
+            f"{path} is not a CIFAR-10 python batch (expected a dict with 'data': uint8 [N, 3072] and "
+            f"'labels': N ints in 0..9). Replace the folder with a fresh copy: {HOW_TO_GET}"
+        )
+    return entry
+
+
 def _read_python_batches(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for name in TRAIN_BATCHES if split == "train" else TEST_BATCHES:
-        with open(folder / name, "rb") as fh:
-            entry = pickle.load(fh, encoding="latin1")
-        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        entry = read_python_batch(folder / name)
+        xs.append(entry["data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         ys.append(np.asarray(entry["labels"], dtype=np.uint8))
     return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
 

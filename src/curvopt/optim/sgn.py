@@ -19,6 +19,13 @@ the JVP/VJP closures are reused by every CG iteration.
 Logged per step: ``loss``, ``cg_iters``, ``cg_residual`` (``‖(H+λI)d + g‖/‖g‖``, the recursively
 updated CG residual), ``cg_breakdown``, ``xi_mean`` and ``dropped_trace_mean`` (FGN's dispersion
 diagnostics, for comparison), ``grad_norm``, ``step_norm``, ``lr``, ``damping``.
+
+Host reads (a GPU step waits for each): on the CPU the defaults keep the project's CG (two host
+reads per iteration, early exit) and the eager batch checks; on an accelerator (``"auto"``) CG runs
+``cg_maxiter`` masked iterations on the device (:func:`fixed_length_cg`, the same iterates), the
+batch is checked on the device (``check_finite="deferred"``) and the step reads the host once, at the
+end, for the logged scalars; ``host_stats=False`` leaves that read to the caller
+(:meth:`SGN.read_stats`).
 """
 
 from __future__ import annotations
@@ -31,13 +38,17 @@ import torch
 from torch import Tensor
 
 from curvopt.api import AlgorithmBase, Batch, DataBundle
-from curvopt.curvature.cg import cg
+from curvopt.curvature.cg import STOP_REASONS, cg
 from curvopt.curvature.fgn_ops import (
+    batch_flags,
+    batch_ok,
     check_classification_batch,
     competitor_distribution,
     dispersion,
     linear_maps,
     log_breakdown,
+    raise_batch_errors,
+    resolve_check_finite,
     true_class_mask,
     true_vs_rest_margin,
 )
@@ -63,6 +74,86 @@ def _tree_dot(a: Params, b: Params) -> Tensor:
     return sum(torch.vdot(x.reshape(-1), b[k].reshape(-1)) for k, x in a.items())
 
 
+def fixed_length_cg(
+    matvec: Callable[[Tensor], Tensor],
+    b: Tensor,
+    x0: Tensor | None = None,
+    tol: float = 1e-5,
+    maxiter: int = 5,
+    dot_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`curvopt.curvature.cg.cg` (no preconditioner) with every decision on the device.
+
+    The same iterates, stopping rule (``‖r‖ ≤ tol·‖b‖``, also before the first iteration) and stop
+    reasons as ``cg``, but the loop always runs ``maxiter`` times: once the solve has stopped, the
+    remaining iterations are masked no-ops (``torch.where``), so no scalar is read on the host. The
+    step sizes are 0-d tensors instead of Python floats, so an iterate can differ from ``cg``'s in
+    the last bit (a separate multiply and add instead of one fused ``add(alpha=…)``).
+
+    Args:
+        matvec: ``v ↦ A v`` on flat vectors (SPD ``A``).
+        b: Right-hand side, a 1-D tensor.
+        x0: Starting point; ``None`` starts from 0 (and saves one product).
+        tol: Relative residual tolerance.
+        maxiter: Number of iterations run (the cap of ``cg``).
+        dot_dtype: ``torch.float64`` to accumulate inner products in float64, ``None`` for the
+            vectors' dtype (as ``cg``'s ``dot_dtype``).
+
+    Returns:
+        ``(x, info)`` with 0-d tensors ``iters`` (completed iterations), ``rnorm`` (``‖r‖`` of
+        the recursively updated residual, float64), ``b_norm`` (float64) and ``stop`` (the index
+        of the stop reason in :data:`curvopt.curvature.cg.STOP_REASONS`).
+    """
+
+    def dot(u: Tensor, v: Tensor) -> Tensor:
+        if dot_dtype is None:
+            return torch.dot(u, v)
+        return torch.dot(u.to(dot_dtype), v.to(dot_dtype))
+
+    def norm64(sq: Tensor) -> Tensor:  # sqrt(max(sq, 0)) in float64, as cg's Python floats
+        return sq.to(torch.float64).clamp_min(0.0).sqrt()
+
+    converged, maxiter_code, negative, breakdown = (STOP_REASONS.index(k) for k in STOP_REASONS)
+    x = torch.zeros_like(b) if x0 is None else x0.clone().to(b)
+    r = b.clone() if x0 is None else b - matvec(x)
+    b_norm = norm64(dot(b, b))
+    threshold = b_norm * tol
+    rr = dot(r, r)
+    rnorm = norm64(rr)
+    finite = torch.isfinite(rnorm)
+    done = torch.logical_not(finite) | (rnorm <= threshold)
+    code = torch.where(finite, converged, breakdown)
+    iters = torch.zeros((), dtype=torch.long, device=b.device)
+    rz = rr
+    p = r.clone()
+    one = torch.ones((), dtype=rz.dtype, device=b.device)
+    for _ in range(maxiter):
+        rz_ok = (rz > 0) & torch.isfinite(rz)
+        ap = matvec(p)
+        pap = dot(p, ap)
+        pap_finite = torch.isfinite(pap)
+        bad = torch.logical_not(rz_ok) | torch.logical_not(pap_finite) | (pap <= 0)
+        newly = torch.logical_not(done) & bad
+        code = torch.where(newly, torch.where(rz_ok & pap_finite, negative, breakdown), code)
+        done = done | bad
+        step = torch.logical_not(done)
+        alpha = torch.where(step, rz / torch.where(step, pap, one), 0.0)
+        x = torch.where(step, x + alpha * p, x)
+        r = torch.where(step, r - alpha * ap, r)
+        rr_new = dot(r, r)
+        rnorm = torch.where(step, norm64(rr_new), rnorm)
+        iters = iters + step.long()
+        stop_now = step & (rnorm <= threshold)
+        code = torch.where(stop_now, converged, code)
+        done = done | stop_now
+        go_on = torch.logical_not(done)
+        beta = torch.where(go_on, rr_new / torch.where(go_on, rz, one), 0.0)
+        p = torch.where(go_on, r + beta * p, p)
+        rz = torch.where(go_on, rr_new, rz)
+    code = torch.where(done, code, maxiter_code)
+    return x, {"iters": iters, "rnorm": rnorm, "b_norm": b_norm, "stop": code}
+
+
 def _finite_positive(value: Any) -> bool:
     """Whether ``value`` is a real number, finite and > 0 (NaN, inf and bools are not)."""
     return (
@@ -86,6 +177,19 @@ class SGN(AlgorithmBase):
             ``dropped_trace_mean``.
         cg_float64_dots: Accumulate CG inner products in float64 (default: the vectors' dtype,
             JAX/SciPy ``cg`` semantics).
+        cg_early_exit: ``True``: the project's :func:`~curvopt.curvature.cg.cg` (Python-float
+            scalars, two host reads per iteration, stops once converged); ``False``:
+            :func:`fixed_length_cg` (all ``cg_maxiter`` iterations, the stopped ones masked, no
+            host read; the same iterates to rounding); ``"auto"``: ``True`` on the CPU,
+            ``False`` on an accelerator.
+        check_finite: ``"eager"``: the batch checks (finite logits, labels in ``[0, C)``) read
+            the host before the update; ``"deferred"``: they run on the device, the update (and
+            the warm start) is gated on them with ``torch.where`` and the error is raised at the
+            step's one read of its logged scalars (or by :meth:`read_stats`), parameters
+            untouched; ``"auto"``: eager on the CPU, deferred on an accelerator.
+        host_stats: ``True``: :meth:`step` returns Python numbers (one stacked host read at the
+            end of the step); ``False``: 0-d device tensors and no host read, for
+            :meth:`read_stats` when the caller logs.
 
     Raises:
         ValueError: If the loss is not cross-entropy or a setting is out of range (``lr`` and
@@ -119,6 +223,9 @@ class SGN(AlgorithmBase):
         warm_start: bool = True,
         log_dispersion: bool = True,
         cg_float64_dots: bool = False,
+        cg_early_exit: bool | str = "auto",
+        check_finite: str = "auto",
+        host_stats: bool = True,
     ) -> None:
         if objective.loss_kind != "cross_entropy":
             raise ValueError(
@@ -143,6 +250,14 @@ class SGN(AlgorithmBase):
         self.warm_start = bool(warm_start)
         self.log_dispersion = bool(log_dispersion)
         self.cg_dot_dtype = torch.float64 if cg_float64_dots else None
+        device = next(objective.model.parameters()).device
+        if cg_early_exit == "auto":
+            cg_early_exit = device.type == "cpu"
+        elif not isinstance(cg_early_exit, bool):
+            raise ValueError(f"cg_early_exit must be True, False or 'auto', got {cg_early_exit!r}")
+        self.cg_early_exit = cg_early_exit
+        self.check_finite = resolve_check_finite(check_finite, device)
+        self.host_stats = bool(host_stats)
         self.previous: Params | None = None
         self.steps = 0
 
@@ -163,9 +278,21 @@ class SGN(AlgorithmBase):
             ValueError: If the batch cannot define a margin.
             FloatingPointError: If the logits are not finite.
         """
+        z, grad, operator, _, _ = self._linearise(params, x, y, deferred=False)
+        return z, grad, operator
+
+    def _linearise(
+        self, params: Params, x: Tensor, y: Tensor, deferred: bool
+    ) -> tuple[Tensor, Params, Callable, Tensor, Tensor | None]:
+        """:meth:`ggn_operator` plus the labels to use and the deferred checks' flags."""
         z, vjp_z, jvp_z, _ = linear_maps(lambda p: self.objective.forward(p, x), params)
         z = z.detach()
-        check_classification_batch(z, y)
+        flags = None
+        if deferred:
+            flags = batch_flags(z, y)
+            y = y.clamp(0, z.shape[1] - 1)  # out-of-range labels must not index on the device
+        else:
+            check_classification_batch(z, y)
         b = z.shape[0]
         with torch.no_grad():
             probs = torch.softmax(z, dim=1)
@@ -177,7 +304,7 @@ class SGN(AlgorithmBase):
             out = vjp_z(softmax_ggn_output_product(probs, jvp_z(unflatten(v, params))) / b)
             return flatten(out).add_(v, alpha=lam)
 
-        return z, grad, operator
+        return z, grad, operator, y, flags
 
     def step(self, batch: Batch) -> dict[str, Any]:
         """One SGN update ``w ← w + α d`` on ``batch``.
@@ -186,18 +313,37 @@ class SGN(AlgorithmBase):
             batch: ``(x, y)`` with integer labels in ``[0, C)``.
 
         Returns:
-            The logged scalars of the module docstring plus ``cg_stop``.
+            The logged scalars of the module docstring plus ``cg_stop``: Python numbers, or with
+            ``host_stats=False`` 0-d tensors (and the pending checks) for :meth:`read_stats`.
+
+        Raises:
+            ValueError: If the batch cannot define a margin (no update is made).
+            FloatingPointError: If the logits are not finite (no update is made).
         """
         x, y = batch
         params = self.objective.params()
-        z, grad, operator = self.ggn_operator(params, x, y)
+        deferred = self.check_finite == "deferred"
+        z, grad, operator, y, flags = self._linearise(params, x, y, deferred)
         rhs = flatten(grad).neg_()
         x0 = self.previous if self.warm_start else None
-        result = cg(
-            operator, rhs, x0=x0, tol=self.cg_tol, maxiter=self.cg_maxiter, dot_dtype=self.cg_dot_dtype
-        )
-        direction = unflatten(result.x, params)
+        if self.cg_early_exit:
+            result = cg(
+                operator, rhs, x0=x0, tol=self.cg_tol, maxiter=self.cg_maxiter, dot_dtype=self.cg_dot_dtype
+            )
+            solution = result.x
+            info = None
+        else:
+            solution, info = fixed_length_cg(
+                operator, rhs, x0=x0, tol=self.cg_tol, maxiter=self.cg_maxiter, dot_dtype=self.cg_dot_dtype
+            )
+            result = None
         with torch.no_grad():
+            step_vector = solution
+            if flags is not None:  # a refused batch changes nothing (nan included)
+                ok = batch_ok(flags)
+                step_vector = torch.where(ok, solution, 0.0)
+                solution = step_vector if x0 is None else torch.where(ok, solution, x0)
+            direction = unflatten(step_vector, params)
             for name, p in params.items():
                 p.add_(direction[name], alpha=self.lr)
             stats = {
@@ -210,21 +356,55 @@ class SGN(AlgorithmBase):
                 xi = dispersion(competitor_distribution(z, y))
                 stats["xi_mean"] = xi.mean()
                 stats["dropped_trace_mean"] = (torch.sigmoid(s) * xi).mean()
-        self.previous = result.x if self.warm_start else None
-        keys = list(stats)
-        out: dict[str, Any] = dict(zip(keys, torch.stack([stats[k].double() for k in keys]).tolist()))
-        breakdown = result.stop_reason in ("negative_curvature", "breakdown")
-        out.update(
-            cg_iters=int(result.iterations),
-            cg_residual=float(result.rel_residual),
-            cg_breakdown=int(breakdown),
-            cg_stop=result.stop_reason,
-            lr=self.lr,
-            damping=self.damping,
-        )
-        if breakdown:
-            log_breakdown("SGN", self.steps, {"iters": result.iterations})
+            if info is not None:
+                b_norm = info["b_norm"]
+                stats["cg_iters"] = info["iters"]
+                stats["cg_residual"] = torch.where(b_norm > 0, info["rnorm"] / b_norm, info["rnorm"])
+                stats["cg_stop"] = info["stop"]
+        out: dict[str, Any] = dict(stats)
+        if result is not None:
+            out.update(
+                cg_iters=int(result.iterations),
+                cg_residual=float(result.rel_residual),
+                cg_stop=result.stop_reason,
+            )
+        out.update(lr=self.lr, damping=self.damping, _checks=(flags, z.shape[1], self.steps))
+        if self.host_stats:
+            out = self.read_stats(out)  # raises a deferred error before anything below
+        self.previous = solution if self.warm_start else None
         self.steps += 1
+        return out
+
+    def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.
+
+        Args:
+            stats: What :meth:`step` returned with ``host_stats=False``.
+
+        Returns:
+            The logged scalars as Python numbers (what ``host_stats=True`` returns).
+
+        Raises:
+            ValueError: If the step's batch had labels outside ``[0, C)`` (it made no update).
+            FloatingPointError: If the step's logits were not finite (it made no update).
+        """
+        flags, num_classes, step = stats["_checks"]
+        keys = [k for k, v in stats.items() if isinstance(v, Tensor)]
+        parts = [stats[k].to(torch.float64).reshape(1) for k in keys]
+        if flags is not None:
+            parts.append(flags)
+        values = torch.cat(parts).tolist()  # one host read
+        if flags is not None:
+            raise_batch_errors(values[len(keys) :], num_classes)
+        out = {k: v for k, v in stats.items() if k != "_checks"}
+        out.update(zip(keys, values))
+        out["cg_iters"] = int(out["cg_iters"])
+        if not isinstance(out["cg_stop"], str):
+            out["cg_stop"] = STOP_REASONS[int(out["cg_stop"])]
+        breakdown = out["cg_stop"] in ("negative_curvature", "breakdown")
+        out["cg_breakdown"] = int(breakdown)
+        if breakdown:
+            log_breakdown("SGN", step, {"iters": out["cg_iters"]})
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,7 +30,8 @@ from curvopt.analysis.pack import packed_run_frame, read_packed_runs  # noqa: E4
 from curvopt.training.records import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-FIGURES = ("fig3", "fig4", "fig7", "fig8", "fig9")
+FIGURES = ("fig3", "fig4", "fig7", "fig8", "fig7_robustness", "fig9")
+ROBUSTNESS_RECORD = "start_point_robustness.json"  # robustness.py writes it
 COLORS = {"adam": "tab:blue", "hb": "tab:orange", "gd": "tab:red"}
 ORDER = ("adam", "fosi_adam", "hb", "fosi_hb", "gd", "fosi_gd")
 LABELS = {
@@ -217,6 +218,63 @@ def fig8(results: Path, out_dir: Path) -> Path:
     axes[0, 0].legend(ncol=3, fontsize=8)
     fig.suptitle("FOSI Fig. 8: learning curves at the marked (b, ζ) (profile: paper)")
     return _save(fig, out_dir, "fig8_kappa_zeta_curves.png")
+
+
+def load_robustness(results: Path) -> dict[str, Any]:
+    """The start-point robustness record of Figs 7-8 (``robustness.py``)."""
+    path = results / ROBUSTNESS_RECORD
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no record at {path}; run `python -m experiments.fosi_quadratics.robustness` first"
+        )
+    return json.loads(path.read_text())
+
+
+def fig7_robustness(results: Path, out_dir: Path) -> Path:
+    """Beside Fig. 7: per (b, ζ) the share of random eigenvector-sign start points in which
+    FOSI-Adam ends at or below Adam (left), and the worst f ratio FOSI-Adam / Adam over the draws
+    (right); x: the cells that fail from the recorded start (eigh's signs); the dashed line is
+    the lower edge of the paper's plot (ζ ≥ 30)."""
+    rec = load_robustness(results)
+    cells = rec["cells"]
+    bs = sorted({c["b"] for c in cells})
+    zetas = sorted({c["zeta"] for c in cells})
+    by = {(c["b"], c["zeta"]): c for c in cells}
+    share = np.array([[by[(b, z)]["share_fosi_le_adam"] for b in bs] for z in zetas])
+    worst = np.array([[by[(b, z)]["ratio_max"] for b in bs] for z in zetas])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6.5), sharey=True)
+    panels = (
+        (share, "FOSI-Adam ≤ Adam: share of sign draws", {"cmap": "RdYlGn", "vmin": 0.0, "vmax": 1.0}),
+        (
+            worst,
+            "worst f(θ₂₀₀) ratio FOSI-Adam / Adam over the draws",
+            {"cmap": "RdBu_r", "norm": matplotlib.colors.LogNorm(vmin=0.25, vmax=4.0)},  # white: 1
+        ),
+    )
+    fail_x = [bs.index(c["b"]) for c in cells if c["eigh_signs_fails"]]
+    fail_y = [zetas.index(c["zeta"]) for c in cells if c["eigh_signs_fails"]]
+    for ax, (Z, title, kw) in zip(axes, panels):
+        im = ax.imshow(Z, origin="lower", aspect="auto", interpolation="nearest", **kw)
+        ax.plot(fail_x, fail_y, "kx", markersize=6, mew=1.5, label="fails from the recorded θ₀")
+        ax.axhline(zetas.index(30) - 0.5, color="k", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(bs)))
+        ax.set_xticklabels([f"{b:.3f}" for b in bs], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(zetas)))
+        ax.set_yticklabels([str(z) for z in zetas], fontsize=7)
+        ax.set_xlabel("b")
+        ax.set_title(title, fontsize=10)
+        cb = fig.colorbar(im, ax=ax, fraction=0.046)
+        if "norm" in kw:
+            cb.set_ticks([0.25, 0.5, 1.0, 2.0, 4.0], labels=["≤ 0.25", "0.5", "1", "2", "≥ 4"])
+            cb.minorticks_off()
+    axes[0].set_ylabel("ζ (rotated block size); paper's Fig. 7 shows ζ ≥ 30 (above the dashed line)")
+    axes[0].legend(loc="lower left", fontsize=8)
+    st = rec["settings"]
+    fig.suptitle(
+        f"FOSI Figs 7-8, start-point robustness: {st['draws_per_cell']} random eigenvector-sign "
+        f"draws per cell (seed {st['sign_seed']}), Adam η = {st['adam_lr']}, 200 iterations"
+    )
+    return _save(fig, out_dir, "fig7_start_point_robustness.png")
 
 
 def fig9(results: Path, out_dir: Path) -> Path:

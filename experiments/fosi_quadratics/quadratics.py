@@ -197,7 +197,8 @@ def run_batch(
 ) -> Tensor:
     """f(θ_t), t = 0..iters, for B functions × R runs in lockstep: shape (B, R, iters + 1).
 
-    ``H`` is (n, n) (B = 1) or (B, n, n); ``theta0`` (n,) or (B, n). ``rules`` names the update
+    ``H`` is (n, n) (B = 1) or (B, n, n); ``theta0`` (n,) or (B, n), shared by the R runs of a
+    function, or (B, R, n): one start point per run (the start-point panel). ``rules`` names the update
     rule of each of the R runs (a single name: all R runs use it). ``lr`` and ``beta`` are scalars,
     (R,) or (B, R); β is the HB momentum / Adam β₁ and, for FOSI, the Newton EMA factor, as in the
     authors' code. ``eigenvalues`` (r,) / (B, r) and ``eigenvectors`` (r, n) / (B, r, n) are the
@@ -216,9 +217,14 @@ def run_batch(
         if name not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
     n = H.shape[-1]
-    B = H.shape[0] if H.dim() == 3 else (theta0.shape[0] if theta0.dim() == 2 else 1)
+    B = H.shape[0] if H.dim() == 3 else (theta0.shape[0] if theta0.dim() >= 2 else 1)
     H = H.to(F64)
-    theta0 = theta0.to(F64).reshape(-1, 1, n).expand(B, 1, n)
+    if theta0.dim() == 3:
+        if theta0.shape[1] != R:
+            raise ValueError(f"theta0 of shape (B, R, n) needs R = {R} start points, got {theta0.shape[1]}")
+        theta0 = theta0.to(F64).expand(B, R, n)
+    else:
+        theta0 = theta0.to(F64).reshape(-1, 1, n).expand(B, R, n)
     lr_t = lr_t.reshape(-1, R if lr_t.numel() > 1 else 1).expand(B, R)
     beta_t = beta_t.reshape(-1, R if beta_t.numel() > 1 else 1).expand(B, R)
 
@@ -242,7 +248,7 @@ def run_batch(
             "idx": idx,
             "lr": lr_t[:, idx].unsqueeze(-1),
             "beta": beta_t[:, idx].unsqueeze(-1),
-            "theta": theta0.expand(B, len(idx), n).clone(),
+            "theta": theta0[:, idx].clone(),
         }
         st["m"] = torch.zeros_like(st["theta"])
         st["v"] = torch.zeros_like(st["theta"])

@@ -120,29 +120,60 @@ def _pcg_iterations(
     precond: Precond,
     maxiter: int,
     should_stop: Callable[[int, Tensor, Tensor, float], bool],
-    on_iterate: Callable[[int, Tensor, Tensor], None] | None = None,
-    dot: Callable[[Tensor, Tensor], float] = _dot,
+    on_iterate: Callable[[int, Tensor, Tensor, float | None], None] | None = None,
+    wide: bool = True,
+    extra: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, int, str, list[float]]:
-    """Core PCG loop shared by both solvers.
+    """Core PCG loop shared by both solvers: one host read per iteration.
 
     ``should_stop(i, x, r, rnorm)`` is asked after every completed iteration ``i`` (and once with
-    ``i = 0`` before the first one); ``on_iterate(i, x, r)`` sees every completed iterate.
-    Without a preconditioner ``rᵀz = rᵀr`` reuses the residual's dot (one fewer per iteration).
+    ``i = 0`` before the first one); ``on_iterate(i, x, r, e)`` sees every completed iterate, with
+    ``e`` the host value of ``extra(x, r)`` (a 0-d device tensor in the dots' dtype, e.g. φ's inner
+    product; ``None`` without ``extra``).
+
+    The scalars stay on the device: ``α = rᵀz/pᵀAp`` and ``β = r'ᵀz'/rᵀz`` are 0-d tensors
+    applied by ``addcmul``, and the iteration's dots ``pᵀAp``, ``rᵀr``, ``rᵀz`` (and ``extra``)
+    come back to the host in one stacked read after the iterate, residual and direction updates. A
+    stop that the read reveals (non-positive or non-finite ``pᵀAp``) returns the previous iterate,
+    which the loop still holds (the updates make new tensors), so the outcome is the textbook
+    order's: the same iterates, stops and iteration counts, to the rounding of a fused
+    multiply-add. Inner products are accumulated in float64 (``wide``) or in the vectors' dtype.
+    Without a preconditioner ``rᵀz = rᵀr`` reuses the residual's dot. ``matvec`` always receives
+    the same direction vector (updated in place) and may return a reused buffer: its result is
+    read before the next call.
     Returns ``(x, iterations, stop_reason, residual_norms)``.
     """
     apply_m = _as_precond(precond)
+    cast: Callable[[Tensor], Tensor] = (lambda t: t.double()) if wide else (lambda t: t)
     x = torch.zeros_like(b) if x0 is None else x0.clone().to(b)
     r = b.clone() if x0 is None else b - matvec(x)
-    rr = dot(r, r)
+
+    def dots(x: Tensor, r: Tensor) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+        """``z = M⁻¹r``, ``rᵀr``, ``rᵀz`` and ``extra`` on the device."""
+        rd = cast(r)
+        rr = torch.dot(rd, rd)
+        if apply_m is None:
+            z, rz = r, rr
+            tail = []
+        else:
+            z = apply_m(r)
+            rz = torch.dot(rd, cast(z))
+            tail = [rz]
+        if extra is not None:
+            tail.append(extra(x, r))
+        return z, rr, rz, tail
+
+    z, rr_t, rz_t, tail = dots(x, r)
+    host = torch.stack([rr_t, *tail]).tolist()  # the solve's first read
+    rr = host[0]
+    rz = rr if apply_m is None else host[1]
     rnorms = [math.sqrt(max(rr, 0.0))]
     if on_iterate is not None:
-        on_iterate(0, x, r)
+        on_iterate(0, x, r, host[-1] if extra is not None else None)
     if not math.isfinite(rnorms[0]):
         return x, 0, "breakdown", rnorms
     if should_stop(0, x, r, rnorms[0]):
         return x, 0, "converged", rnorms
-    z = apply_m(r) if apply_m is not None else r
-    rz = rr if apply_m is None else dot(r, z)
     p = z.clone()
     for i in range(1, maxiter + 1):
         if rnorms[-1] == 0.0:
@@ -152,25 +183,28 @@ def _pcg_iterations(
             # r ≠ 0 but rᵀM⁻¹r ≤ 0: the preconditioner is not positive definite (or overflow)
             return x, i - 1, "breakdown", rnorms
         ap = matvec(p)
-        pap = dot(p, ap)
+        pap_t = torch.dot(cast(p), cast(ap))
+        alpha = rz_t / pap_t
+        x_new = torch.addcmul(x, p, alpha)  # x + α p, one pass; x stays for a curvature stop
+        r = torch.addcmul(r, ap, alpha, value=-1.0)
+        z, rr_t, rz_new_t, tail = dots(x_new, r)
+        # z + β p in place (used only if the solve goes on): matvec sees one vector storage
+        torch.addcmul(z, p, rz_new_t / rz_t, out=p)
+        host = torch.stack([pap_t, rr_t, *tail]).tolist()  # the iteration's one host read
+        pap = host[0]
         if not math.isfinite(pap):
             return x, i - 1, "breakdown", rnorms
         if pap <= 0:
             return x, i - 1, "negative_curvature", rnorms
-        alpha = rz / pap
-        x = torch.add(x, p, alpha=alpha)  # one fused pass, no alpha*p temporary
-        r = torch.add(r, ap, alpha=-alpha)
-        rr = dot(r, r)
+        x = x_new
+        rr = host[1]
         rnorms.append(math.sqrt(max(rr, 0.0)))
         if on_iterate is not None:
-            on_iterate(i, x, r)
+            on_iterate(i, x, r, host[-1] if extra is not None else None)
         if should_stop(i, x, r, rnorms[-1]):
             return x, i, "converged", rnorms
-        z = apply_m(r) if apply_m is not None else r
-        rz_new = rr if apply_m is None else dot(r, z)
-        beta = rz_new / rz
-        rz = rz_new
-        p = torch.add(z, p, alpha=beta)
+        rz = rr if apply_m is None else host[2]
+        rz_t = rz_new_t
     return x, maxiter, "maxiter", rnorms
 
 
@@ -217,7 +251,8 @@ def cg(
     """
     if dot_dtype not in (torch.float64, None):
         raise ValueError(f"dot_dtype must be torch.float64 or None, got {dot_dtype}")
-    dot = _dot if dot_dtype == torch.float64 else _native_dot
+    wide = dot_dtype == torch.float64
+    dot = _dot if wide else _native_dot
     if b.dim() != 1:
         raise ValueError(f"cg works on flat vectors; got b of shape {tuple(b.shape)}")
     if maxiter is None:
@@ -230,7 +265,8 @@ def cg(
     def should_stop(i: int, x: Tensor, r: Tensor, rnorm: float) -> bool:
         return i >= miniter and rnorm <= threshold
 
-    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, callback, dot)
+    on_iterate = None if callback is None else (lambda i, x, r, _: callback(i, x, r))
+    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, on_iterate, wide)
     return CGResult(x=x, iterations=iters, residual_norms=rnorms, stop_reason=reason, b_norm=b_norm)
 
 
@@ -330,9 +366,15 @@ def martens_cg(
     store_at = set(martens_store_indices(maxiter, store_start, store_factor))
     phi: list[float] = []
     stored: list[tuple[int, Tensor]] = []
+    neg_b = -b
 
-    def on_iterate(i: int, x: Tensor, r: Tensor) -> None:
-        phi.append(0.5 * (_dot(-b - r, x)))
+    def phi_dot(x: Tensor, r: Tensor) -> Tensor:
+        # 2φ(x) = (−b − r)ᵀx in float64 on the device; read with the iteration's other dots
+        return torch.dot(torch.sub(neg_b, r).double(), x.double())
+
+    def on_iterate(i: int, x: Tensor, r: Tensor, phi2: float | None) -> None:
+        assert phi2 is not None
+        phi.append(0.5 * phi2)
         if i in store_at:
             stored.append((i, x.clone()))
 
@@ -341,7 +383,9 @@ def martens_cg(
             return rnorm == 0.0  # x0 solves the system exactly: nothing to do
         return i >= miniter and martens_progress_stop(phi, i, gap_ratio, min_gap, progress_tol)
 
-    x, iters, reason, rnorms = _pcg_iterations(matvec, b, x0, precond, maxiter, should_stop, on_iterate)
+    x, iters, reason, rnorms = _pcg_iterations(
+        matvec, b, x0, precond, maxiter, should_stop, on_iterate, wide=True, extra=phi_dot
+    )
     if not stored or stored[-1][0] != iters:
         stored.append((iters, x.clone()))
     return MartensCGResult(

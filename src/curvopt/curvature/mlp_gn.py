@@ -268,15 +268,20 @@ class MLPGaussNewton(GaussNewtonBase):
             self.residual = (s - y.reshape(self.n, -1)) * self.scale
         self._inputs_sq: list[Tensor] | None = None
         self._buffers: dict[tuple[str, int], Tensor] = {}
+        self._view_cache: dict[tuple, list[tuple[Tensor, Tensor, Tensor | None]]] = {}
+        self._weights_t = [params[layer.weight_key].t() for layer in layers]  # Wᵀ views, built once
 
     # Algorithm 4 (forward mode)
     @torch.no_grad()
     def jvp(self, v: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
         """``J v`` by the paper's Algorithm 4 (forward mode).
 
-        ``col_scale=c`` gives ``J (c∘v)``, applied layer by layer while the slice is in cache.
-        The hidden layers' tangents live in work buffers owned by the operator (fresh multi-MB
-        allocations cost page faults on every LSMR iteration on CPU).
+        ``col_scale=c`` gives ``J (c∘v)``: one pass ``c∘v`` into a flat work buffer first. The
+        per-layer views of ``v`` (or of that buffer) and of the weights are built once per vector
+        storage and reused (:meth:`_layer_views`), so a product dispatches its matmuls and
+        elementwise factors only, no views. The hidden layers' tangents live in work buffers owned
+        by the operator (fresh multi-MB allocations cost page faults on every LSMR iteration on
+        CPU).
 
         Args:
             v: Flat parameter-space vector of length P.
@@ -286,30 +291,25 @@ class MLPGaussNewton(GaussNewtonBase):
         Returns:
             ``J v``, shape ``(n, m_out)``: ``out`` if given, else a new tensor.
         """
+        if col_scale is not None:
+            v = torch.mul(v, col_scale, out=self._flat_work())
+        views = self._layer_views(v)
         f: Tensor | None = None
         last = len(self.layers) - 1
-        for i, (layer, s_in, sp) in enumerate(zip(self.layers, self.inputs, self.derivs)):
-            dw = v[layer.w_slice]
-            db = v[layer.b_slice] if layer.b_slice is not None else None
-            if col_scale is not None:
-                nw = dw.numel()
-                buf = self._flat_work(nw + (db.numel() if db is not None else 0))
-                dw = torch.mul(dw, col_scale[layer.w_slice], out=buf[:nw])
-                if db is not None:
-                    db = torch.mul(db, col_scale[layer.b_slice], out=buf[nw:])
-            dw = dw.view(layer.shape)
+        for i, (s_in, sp) in enumerate(zip(self.inputs, self.derivs)):
+            _, dw_t, db = views[i]
             if i == last:
                 z = out
                 if z is None:
-                    z = torch.empty(self.n, layer.shape[0], dtype=self.dtype, device=self.device)
+                    z = torch.empty(self.n, self.layers[i].shape[0], dtype=self.dtype, device=self.device)
             else:
-                z = self._work("jvp", i, layer.shape[0])
+                z = self._work("jvp", i, self.layers[i].shape[0])
             if db is not None:
-                torch.addmm(db, s_in, dw.t(), out=z)
+                torch.addmm(db, s_in, dw_t, out=z)
             else:
-                torch.mm(s_in, dw.t(), out=z)
+                torch.mm(s_in, dw_t, out=z)
             if f is not None:
-                z.addmm_(f, self.params[layer.weight_key].t())
+                z.addmm_(f, self._weights_t[i])
             if sp is not None:
                 z.mul_(sp)
             f = z
@@ -321,6 +321,9 @@ class MLPGaussNewton(GaussNewtonBase):
     def vjp(self, u: Tensor, out: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
         """``Jᵀ U`` by the paper's Algorithm 5 (backward mode), written layer by layer.
 
+        The per-layer views of ``out`` and the transposed work buffers are built once and reused;
+        ``col_scale`` is one pass over the finished vector.
+
         Args:
             u: ``(n, m_out)`` residual-space matrix.
             out: Optional flat tensor of length P receiving the result.
@@ -331,42 +334,71 @@ class MLPGaussNewton(GaussNewtonBase):
         """
         if out is None:
             out = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        views = self._layer_views(out)
         top = self.derivs[-1]
-        f = self._work("vjp", len(self.layers) - 1, self.layers[-1].shape[0])
+        last = len(self.layers) - 1
+        f, f_t = self._work("vjp", last, self.layers[-1].shape[0]), self._work_t("vjp", last)
         if top is None:
             torch.mul(u, self.scale, out=f)
         else:
             torch.mul(u, top, out=f).mul_(self.scale)
-        for i in range(len(self.layers) - 1, -1, -1):
-            layer = self.layers[i]
-            torch.mm(f.t(), self.inputs[i], out=out[layer.w_slice].view(layer.shape))
-            if col_scale is not None:
-                out[layer.w_slice].mul_(col_scale[layer.w_slice])
-            if layer.b_slice is not None:
-                torch.sum(f, 0, out=out[layer.b_slice])
-                if col_scale is not None:
-                    out[layer.b_slice].mul_(col_scale[layer.b_slice])
+        for i in range(last, -1, -1):
+            dw, _, db = views[i]
+            torch.mm(f_t, self.inputs[i], out=dw)
+            if db is not None:
+                torch.sum(f, 0, out=db)
             if i > 0:
-                g = self._work("vjp", i - 1, layer.shape[1])
-                torch.mm(f, self.params[layer.weight_key], out=g)
+                g = self._work("vjp", i - 1, self.layers[i].shape[1])
+                torch.mm(f, self.params[self.layers[i].weight_key], out=g)
                 sp = self.derivs[i - 1]
                 if sp is not None:
                     g.mul_(sp)
-                f = g
+                f, f_t = g, self._work_t("vjp", i - 1)
+        if col_scale is not None:
+            out.mul_(col_scale)
         return out
 
-    def _flat_work(self, size: int) -> Tensor:
-        """A reused flat buffer of at least one layer's parameter count (for ``c∘v`` per layer)."""
+    def _layer_views(self, flat: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
+        """Per layer ``(dW, dWᵀ, db)`` views of a flat parameter-space vector, cached per storage.
+
+        The key is the vector's address, shape and strides: views of the same memory are the same
+        views whatever tensor object carries them, and the cached views keep that memory alive, so
+        the address cannot be handed to another tensor meanwhile. The four most recently used
+        vectors are kept (LSMR's and CG's work vectors hit on every call).
+        """
+        key = (flat.data_ptr(), tuple(flat.shape), flat.stride(), flat.dtype)
+        views = self._view_cache.pop(key, None)  # re-inserted below: least recently used goes first
+        if views is None:
+            views = []
+            for layer in self.layers:
+                dw = flat[layer.w_slice].view(layer.shape)
+                db = flat[layer.b_slice] if layer.b_slice is not None else None
+                views.append((dw, dw.t(), db))
+            if len(self._view_cache) >= 4:
+                self._view_cache.pop(next(iter(self._view_cache)))
+        self._view_cache[key] = views
+        return views
+
+    def _flat_work(self) -> Tensor:
+        """A reused flat buffer of P entries (for ``c∘v``)."""
         buf = self._buffers.get(("flat", 0))
-        if buf is None or buf.shape[1] < size:
-            buf = self._buffers[("flat", 0)] = torch.empty(1, size, dtype=self.dtype, device=self.device)
-        return buf[0, :size]
+        if buf is None:
+            buf = self._buffers[("flat", 0)] = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        return buf
 
     def _work(self, kind: str, index: int, width: int) -> Tensor:
         key = (kind, index)
         buf = self._buffers.get(key)
         if buf is None:
             buf = self._buffers[key] = torch.empty(self.n, width, dtype=self.dtype, device=self.device)
+        return buf
+
+    def _work_t(self, kind: str, index: int) -> Tensor:
+        """The transpose of a work buffer made by :meth:`_work` (a view built once)."""
+        key = (kind + "_t", index)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = self._buffers[(kind, index)].t()
         return buf
 
     @torch.no_grad()

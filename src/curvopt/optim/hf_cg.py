@@ -460,6 +460,9 @@ class HFCG:
         does not depend on the loss; each carries 1/√n, so the pair gives the 1/n); ``linearize``:
         ``torch.func.linearize`` + a kept ``vjp`` graph (any model; pays a trace per iteration);
         ``jvp``: recompute the forward in every product (least memory).
+
+        The ``mlp`` product returns a buffer it reuses on the next call: read (or copy) the result
+        before asking for another product.
         """
         n = x.shape[0]
         kind, obj = self.objective.loss_kind, self.objective
@@ -472,9 +475,24 @@ class HFCG:
             dummy = torch.zeros(n, plan[-1].shape[0], dtype=x.dtype, device=x.device)
             gn = MLPGaussNewton(Objective(obj.model, "squared_error"), params, x.reshape(n, -1), dummy)
             out_mlp = gn.output  # (n, m_out), as the module's forward returns it for flat inputs
+            # both products write into buffers owned by the operator (no allocation per product);
+            # a diagonal output Hessian (sigmoid BCE: p(1−p), squared error: I) is formed once
+            jv_buf = torch.empty_like(out_mlp)
+            gv_buf = torch.empty(gn.numel, dtype=out_mlp.dtype, device=out_mlp.device)
+            h_diag: Tensor | None = None
+            if kind == "sigmoid_bce":
+                prob = torch.sigmoid(out_mlp)
+                h_diag = prob * (1 - prob)
 
             def gv_mlp(v: Tensor) -> Tensor:
-                return gn.vjp(output_hessian_vp(out_mlp, gn.jvp(v), kind, y))
+                jv = gn.jvp(v, out=jv_buf)
+                if kind == "squared_error":
+                    hjv = jv
+                elif h_diag is not None:
+                    hjv = jv.mul_(h_diag)
+                else:
+                    hjv = output_hessian_vp(out_mlp, jv, kind, y)
+                return gn.vjp(hjv, out=gv_buf)
 
             return gv_mlp
         if mode == "jvp":
@@ -584,10 +602,11 @@ class HFCG:
         The final iterate (undecayed) is kept for the next warm start, unless it is not finite.
         """
         cfg = self.cfg
-        wc = cfg["weight_cost"]
+        # (G + wc·mask + λI) v with the diagonal wc·mask + λ formed once per solve: one fused pass
+        shift = (mask * cfg["weight_cost"]).add_(lam)
 
         def damped(v: Tensor) -> Tensor:
-            return gv(v).add_(v * mask, alpha=wc).add_(v, alpha=lam)
+            return gv(v).addcmul_(v, shift)
 
         x0 = None if self.prev_solution is None else self.prev_solution * cfg["cg_decay"]
         res: MartensCGResult = martens_cg(

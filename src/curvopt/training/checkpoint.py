@@ -157,8 +157,8 @@ def load_weights_only(path: Path, **kwargs: Any) -> Any:
         with torch.serialization.safe_globals(allowed) if allowed else contextlib.nullcontext():
             return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as err:  # weights-only refusal of what the scan did not list
-        found = re.search(r"WeightsUnpickler error: ([^\n]*)", str(err))
-        reason = (found.group(1) if found else str(err).splitlines()[0])[:120]
+        found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(err))
+        reason = (found.group(1).strip() if found else "an object torch's weights-only load refuses")[:120]
         raise UnsafeCheckpointError(_unsafe_message(path, [reason])) from err
     except Exception as err:  # truncated / not a torch file
         raise _unreadable(path, err) from err

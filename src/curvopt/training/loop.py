@@ -116,6 +116,99 @@ def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
+def binding_budget(cfg: TrainerConfig, step: int, epoch: float, algo_time: float) -> tuple[str, float, float]:
+    """The budget that will stop the run first, at the rate so far.
+
+    Of ``max_steps``, ``max_epochs`` and ``max_algo_time_s`` (those set), the one with the largest
+    fraction used; before anything is used, the algorithm-time budget when there is one (the
+    quick profiles set ``max_algo_time_s`` and a ``max_steps`` they never reach), else epochs,
+    else steps. Patience is not a budget: it stops a run when it stops improving.
+
+    Args:
+        cfg: The trainer settings.
+        step: Steps taken.
+        epoch: Passes over the training set so far.
+        algo_time: Algorithm seconds so far.
+
+    Returns:
+        ``(unit, done, total)``: ``unit`` is ``"algo-s"``, ``"epoch"`` or ``"step"``.
+    """
+    budgets: list[tuple[str, float, float]] = []
+    if cfg.max_algo_time_s is not None:
+        budgets.append(("algo-s", float(algo_time), float(cfg.max_algo_time_s)))
+    if cfg.max_epochs is not None:
+        budgets.append(("epoch", float(epoch), float(cfg.max_epochs)))
+    budgets.append(("step", float(step), float(cfg.max_steps)))
+    # the first listed wins ties (all at zero at the start)
+    return max(budgets, key=lambda b: b[1] / b[2] if b[2] > 0 else math.inf)
+
+
+class BudgetProgress:
+    """A tqdm bar whose total is the budget that stops the run (:func:`binding_budget`).
+
+    A time budget is counted in algorithm seconds, so the bar ends when the run does and its ETA
+    (average rate over the whole run, evaluation included) is the wall time left. When another
+    budget becomes the binding one, the bar switches to its unit. The step count and the loss are
+    shown after the bar. Shown on a terminal only (``disable=None``): in logs and CI the loop
+    writes one line per evaluation instead.
+
+    Args:
+        cfg: The trainer settings.
+        desc: The bar's label (the run id).
+        file: Where the bar goes (``None``: stderr).
+        disable: ``None``: shown on a terminal only; ``False``: always (tests).
+    """
+
+    def __init__(self, cfg: TrainerConfig, desc: str, file: Any = None, disable: bool | None = None) -> None:
+        from tqdm.auto import tqdm
+
+        self.cfg = cfg
+        self.unit, _, total = binding_budget(cfg, 0, 0.0, 0.0)
+        # smoothing=0: the rate is the run's average, which a budget in algorithm seconds needs
+        # (evaluation pauses the count but not the clock)
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit=self.unit,
+            unit_scale=True,
+            smoothing=0,
+            leave=False,
+            file=file,
+            disable=disable,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
+            "[{elapsed}<{remaining}{postfix}]",
+        )
+
+    @property
+    def disabled(self) -> bool:
+        """Whether the bar is hidden (no terminal)."""
+        return bool(self.bar.disable)
+
+    def update(self, step: int, epoch: float, algo_time: float, loss: Any = None) -> None:
+        """Move the bar to the binding budget's count.
+
+        Args:
+            step: Steps taken.
+            epoch: Passes over the training set so far.
+            algo_time: Algorithm seconds so far.
+            loss: The last step's loss, shown after the bar (``None``: not shown).
+        """
+        if self.disabled:
+            return
+        unit, done, total = binding_budget(self.cfg, step, epoch, algo_time)
+        if unit != self.unit:
+            self.unit, self.bar.unit, self.bar.total = unit, unit, total
+        postfix = {"step": f"{step}" if unit == "step" else f"{step}/{self.cfg.max_steps}"}
+        if isinstance(loss, (int, float)):
+            postfix["loss"] = f"{loss:.4g}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(min(done, total) - self.bar.n)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        self.bar.close()
+
+
 class _NullRecorder:
     """Ranks other than 0 keep no records."""
 
@@ -503,12 +596,8 @@ class Trainer:
         stop_reason = None
         progress = None
         if self.cfg.progress and self.dist.is_main:
-            from tqdm.auto import tqdm
-
-            # disable=None: shown on a terminal, silent in logs and CI
-            progress = tqdm(
-                total=self.cfg.max_steps, initial=self.step, desc=self.run_dir.name, leave=False, disable=None
-            )
+            progress = BudgetProgress(self.cfg, self.run_dir.name)
+            progress.update(self.step, self.epoch, self.algo_time)
         failure: BaseException | None = None
         signals = StopSignals()
         with signals:
@@ -620,7 +709,7 @@ class Trainer:
                 row.update(metrics)
                 row["peak_mem_bytes"] = peak_memory_bytes(self.device)
                 self._record(recorder, row)
-                if progress is None or progress.disable:
+                if progress is None or progress.disabled:
                     self._progress_line(metrics, scalars)
             elif self.step % self.cfg.log_every == 0:
                 self._record(recorder, row)
@@ -628,10 +717,7 @@ class Trainer:
                 self.status = "diverged"
                 return "non_finite_loss"
             if progress is not None:
-                progress.update(1)
-                progress.set_postfix(
-                    {k: f"{v:.4g}" for k, v in scalars.items() if k == "loss"}, refresh=False
-                )
+                progress.update(self.step, self.epoch, self.algo_time, scalars.get("loss"))
             # data + logging time of this step, evaluation excluded
             self.overhead_time += (
                 (t0 - t_data) + (time.perf_counter() - t1) - (self.eval_time - excluded_before)

@@ -7,6 +7,7 @@ switches itself off while the local records keep being written.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from typing import Any
 
@@ -53,6 +54,9 @@ class WandbTracker(NullTracker):
         mode: ``"offline"`` (default, no account needed), ``"online"`` or ``"disabled"``.
         entity: wandb entity (user or team), or ``None``.
         dir: Directory for wandb's files (created if missing).
+        silent: Keep wandb's banners (version, sync hints, run history) off the terminal; the
+            metrics are logged all the same. ``None``: silent unless the environment sets
+            ``WANDB_SILENT`` to false (``WANDB_SILENT=false make ...`` shows them again).
     """
 
     def __init__(
@@ -65,8 +69,11 @@ class WandbTracker(NullTracker):
         mode: str = "offline",
         entity: str | None = None,
         dir: str | None = None,
+        silent: bool | None = None,
     ) -> None:  # noqa: A002
         self.run = None
+        if silent is None:
+            silent = wandb_silent_default()
         try:
             import wandb
 
@@ -83,6 +90,7 @@ class WandbTracker(NullTracker):
                 mode=mode,
                 dir=dir,
                 reinit="create_new",
+                settings=wandb.Settings(silent=silent, quiet=silent),
             )
         except Exception as err:  # no wandb, bad key, no network in online mode, …
             self._disable("init", err)
@@ -132,6 +140,15 @@ class WandbTracker(NullTracker):
             self.run.finish(exit_code=exit_code)
         except Exception as err:
             self._disable("finish", err)
+
+
+def wandb_silent_default() -> bool:
+    """Whether wandb keeps quiet on the terminal by default: yes, unless ``WANDB_SILENT`` is false.
+
+    Returns:
+        ``False`` when ``WANDB_SILENT`` is ``false``/``0``/``no``, else ``True``.
+    """
+    return os.environ.get("WANDB_SILENT", "true").strip().lower() not in ("false", "0", "no", "off")
 
 
 def make_tracker(kind: str, **kwargs: Any) -> NullTracker:

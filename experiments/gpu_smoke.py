@@ -741,6 +741,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "entries": results,
     }
     name = args.name or ("smoke_quick" if (args.quick or args.only) else "smoke")
+    from curvopt.training.records import portable_record
+
+    report = portable_record(report)  # no absolute folder of this machine in the tables
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"{name}.md").write_text(markdown(report))

@@ -77,6 +77,25 @@ def experiment_config(experiment: str, profile: str) -> str:
     return experiment if profile == "quick" else f"{experiment}_{profile}"
 
 
+def results_arg(results_dir: str | Path) -> str:
+    """``paths.results_dir`` for a run started from the repository root.
+
+    Relative to the repository when inside it (``results``), so the command a driver prints and
+    the records it leaves name no folder of this machine; absolute otherwise.
+
+    Args:
+        results_dir: The results directory (relative to the current directory, or absolute).
+
+    Returns:
+        The value to pass.
+    """
+    path = Path(results_dir).resolve()
+    try:
+        return str(path.relative_to(REPO_ROOT)) or "."
+    except ValueError:
+        return str(path)
+
+
 def run_status(run_dir: Path) -> str | None:
     """The status of a run directory.
 
@@ -146,7 +165,7 @@ def ensure_run(
         f"optimizer={optimizer}",
         f"seed={seed}",
         f"run_id={run_id}",
-        f"paths.results_dir={Path(results_dir).resolve()}",
+        f"paths.results_dir={results_arg(results_dir)}",
         *overrides,
     ]
     action = "ran"

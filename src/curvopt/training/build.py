@@ -48,7 +48,13 @@ from curvopt.training.distributed import (
     init_distributed,
 )
 from curvopt.training.loop import Trainer
-from curvopt.training.records import RunLock, atomic_write_text, environment_info, git_commit
+from curvopt.training.records import (
+    RunLock,
+    atomic_write_text,
+    environment_info,
+    git_commit,
+    portable_config_yaml,
+)
 from curvopt.training.rundir import (
     CommandLine,
     ResumePlan,
@@ -570,7 +576,8 @@ def _first_records(
             log.warning(
                 "resume continues with the edited config.yaml (trainer.allow_config_change): %s", line
             )
-    atomic_write_text(run_dir / "config.yaml", config_yaml)
+    # the folders the run reads and writes, relative to the data directory / the repository
+    atomic_write_text(run_dir / "config.yaml", portable_config_yaml(config_yaml))
     if mode != "resume":
         save_command_line(run_dir, cli)
 

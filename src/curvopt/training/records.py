@@ -13,7 +13,10 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -118,6 +121,134 @@ def finite_json(value: Any) -> Any:
     value = _jsonable(value)
     if isinstance(value, (list, dict)):
         return finite_json(value)
+    return value
+
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def path_roots(data_dir: str | Path | None = None) -> list[tuple[str, str]]:
+    """The machine's absolute folders a record may name, and what a record says instead.
+
+    Args:
+        data_dir: The run's data directory (``paths.data_dir``); ``None``: ``$CURVOPT_DATA_DIR``.
+
+    Returns:
+        ``(absolute folder, replacement)`` pairs, longest folder first: the data directory ->
+        ``$CURVOPT_DATA_DIR``, the repository -> a path relative to it, the Python prefix ->
+        ``$PYTHON_PREFIX``, the temporary folder -> ``$TMPDIR``, the home folder -> ``~``.
+    """
+    roots: dict[str, str] = {}
+    data = data_dir if data_dir is not None else os.environ.get("CURVOPT_DATA_DIR")
+    candidates = [
+        (REPO_ROOT, ""),
+        (Path(sys.prefix), "$PYTHON_PREFIX"),
+        (Path(tempfile.gettempdir()), "$TMPDIR"),
+        (Path.home(), "~"),
+    ]
+    if data:
+        candidates.insert(0, (Path(data), "$CURVOPT_DATA_DIR"))
+    for folder, name in candidates:
+        for variant in {str(folder), str(Path(folder).resolve())}:
+            if variant.startswith("/") and variant != "/" and variant not in roots:
+                roots[variant] = name
+    return sorted(roots.items(), key=lambda item: -len(item[0]))
+
+
+def portable_paths(text: str, roots: list[tuple[str, str]] | None = None) -> str:
+    """``text`` with the machine's absolute folders replaced (:func:`path_roots`).
+
+    A record then reads the same on every machine: ``/home/me/curvopt/results/x`` becomes
+    ``results/x``, the repository itself ``.``, ``/data/mnist`` under ``$CURVOPT_DATA_DIR``
+    becomes ``$CURVOPT_DATA_DIR/mnist``. A folder is matched only as a whole path component.
+
+    Args:
+        text: Any record text (YAML, JSON, a command line, an error message).
+        roots: ``(folder, replacement)`` pairs; ``None``: :func:`path_roots` of this process.
+
+    Returns:
+        The text with the folders replaced.
+    """
+    for folder, name in roots if roots is not None else path_roots():
+        pattern = re.compile(re.escape(folder) + r"(?=/|[^A-Za-z0-9_.+-]|$)(/)?")
+        text = pattern.sub(lambda m, name=name: _replace(name, bool(m.group(1))), text)
+    return text
+
+
+def _replace(name: str, slash: bool) -> str:
+    """A root's replacement: ``name/`` before more path, the repository itself as ``.``."""
+    if name:
+        return name + "/" if slash else name
+    return "" if slash else "."
+
+
+PATH_KEYS = ("data_dir", "results_dir", "output_dir", "root_dir")
+
+
+def portable_config_yaml(config_yaml: str, data_dir: str | Path | None = None) -> str:
+    """A resolved config's YAML with its folder keys made portable (:func:`portable_paths`).
+
+    Only the keys that say where a run reads and writes (:data:`PATH_KEYS`, anywhere in the
+    config) change: a resume takes those from the machine it runs on (``paths.*``) or from their
+    interpolation (``dataset.data_dir: ${paths.data_dir}``), so the saved value is never read
+    back as a path. Other values are kept as written.
+
+    Args:
+        config_yaml: ``OmegaConf.to_yaml(cfg, resolve=True)``.
+        data_dir: The run's data directory; ``None``: the config's ``paths.data_dir``, else
+            ``$CURVOPT_DATA_DIR``.
+
+    Returns:
+        The YAML text.
+    """
+    import yaml
+
+    data = yaml.safe_load(config_yaml)
+    if data_dir is None and isinstance(data, dict) and isinstance(data.get("paths"), dict):
+        data_dir = data["paths"].get("data_dir")
+    roots = path_roots(data_dir)
+    changed = False
+
+    def walk(node: Any) -> None:
+        nonlocal changed
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in PATH_KEYS and isinstance(value, str):
+                    new = portable_paths(value, roots)
+                    if new != value:
+                        node[key], changed = new, True
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(data)
+    if not changed:
+        return config_yaml
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(data))
+
+
+def portable_record(value: Any, roots: list[tuple[str, str]] | None = None) -> Any:
+    """:func:`portable_paths` applied to every string of a JSON-like value.
+
+    Args:
+        value: A dict / list / string / number.
+        roots: As in :func:`portable_paths`.
+
+    Returns:
+        The value with the machine's absolute folders replaced in its strings.
+    """
+    if roots is None:
+        roots = path_roots()
+    if isinstance(value, str):
+        return portable_paths(value, roots)
+    if isinstance(value, dict):
+        return {key: portable_record(item, roots) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable_record(item, roots) for item in value]
     return value
 
 
@@ -255,7 +386,9 @@ class RunRecorder:
         Args:
             summary: The run summary.
         """
-        text = json.dumps(finite_json(summary), indent=2, sort_keys=True, allow_nan=False, default=str)
+        # no absolute folder of this machine in the record (an error naming a data file, ...)
+        summary = portable_record(finite_json(summary))
+        text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str)
         atomic_write_text(self.summary_path, text + "\n")
 
     def close(self) -> None:

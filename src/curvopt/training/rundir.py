@@ -41,7 +41,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
 from curvopt.training.checkpoint import CHECKPOINT_NAME, checkpoint_config, verify_checkpoint
-from curvopt.training.records import METRICS_NAME, PARKED_METRICS_NAME, has_metrics, packed_run_ids
+from curvopt.training.records import (
+    METRICS_NAME,
+    PARKED_METRICS_NAME,
+    has_metrics,
+    packed_run_ids,
+    portable_paths,
+)
 
 RECORD_FILES = (
     "config.yaml",
@@ -352,7 +358,8 @@ def save_command_line(run_dir: Path, cli: CommandLine | None) -> None:
     text = OmegaConf.to_yaml(
         OmegaConf.create({"overrides": list(cli.overrides), "choices": dict(cli.choices)})
     )
-    (run_dir / "overrides.yaml").write_text(text)
+    # a folder on the command line is kept relative to the data directory / the repository
+    (run_dir / "overrides.yaml").write_text(portable_paths(text))
 
 
 # -- the config of a resumed run ------------------------------------------------------------------

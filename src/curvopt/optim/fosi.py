@@ -631,15 +631,17 @@ class FOSI(Optimizer):
 
         Args:
             eigenvectors: ``(k+ℓ, n)``; row i is the eigenvector of ``eigenvalues[i]`` (copied).
-            eigenvalues: ``(k+ℓ,)``, ordered ``[ℓ smallest ascending, k largest ascending]``.
+            eigenvalues: ``(k+ℓ,)`` tensor or sequence of floats, ordered ``[ℓ smallest
+                ascending, k largest ascending]`` (read on the host once, as at an ESE).
 
         Raises:
             ValueError: The shapes are not ``(k+ℓ, n)`` and ``(k+ℓ,)``.
         """
         r = self.k + self.l
-        if eigenvectors.shape != (r, self.n) or eigenvalues.shape != (r,):
+        lam_shape = tuple(eigenvalues.shape) if isinstance(eigenvalues, Tensor) else (len(eigenvalues),)
+        if eigenvectors.shape != (r, self.n) or lam_shape != (r,):
             raise ValueError(f"expected eigenvectors ({r}, {self.n}) and eigenvalues ({r},)")
-        self._install(eigenvectors.to(self._dtype, copy=True).contiguous(), eigenvalues.double(), None)
+        self._install(eigenvectors.detach().clone().to(self._dtype).contiguous(), eigenvalues, None)
 
     @torch.no_grad()
     def _sync_base_buffers(self) -> None:
@@ -656,7 +658,13 @@ class FOSI(Optimizer):
         self._buffers_offset = False
 
     @torch.no_grad()
-    def _install(self, V: Tensor | None, lam: Tensor | None, result: LanczosResult | None) -> None:
+    def _install(self, V: Tensor | None, lam: Any, result: LanczosResult | None) -> None:
+        """Install a basis (at an ESE, a load or :meth:`set_basis`: the only host reads of FOSI).
+
+        ``lam`` (a tensor or a sequence of floats) is read on the host here, once: the scale s and
+        the logged eigenvalues are Python floats from then on, so the steps between two ESEs
+        read nothing.
+        """
         self._sync_base_buffers()
         # materialise the velocity v̄ = ρ r + V_oldᵀ a before the basis changes
         vel = None
@@ -679,14 +687,19 @@ class FOSI(Optimizer):
             return
         self.V = V
         self._blocks = list(torch.split(V, self._sizes, dim=1))
-        self.eigenvalues = lam.detach().double().cpu()
-        self.u = (1.0 / self.eigenvalues.abs().clamp_min(self.eps)).to(self._dtype).to(self._device)
+        values = [float(v) for v in (lam.tolist() if isinstance(lam, Tensor) else lam)]  # one host read
+        self._lam_values = values
+        self.eigenvalues = torch.tensor(values, dtype=torch.float64)
+        # u = 1/max(|λ̂|, ε) in float64, then the parameters' dtype (the same rounding as on a tensor)
+        self.u = torch.tensor(
+            [1.0 / max(abs(v), self.eps) for v in values], dtype=self._dtype, device=self._device
+        )
         if self.k > 0:
-            ratio = abs(float(self.eigenvalues[-1])) / max(abs(float(self.eigenvalues[self.l])), 1e-300)
+            ratio = abs(values[-1]) / max(abs(values[self.l]), 1e-300)
             self.scale = float(min(max(ratio, 1.0), self.lr_clip))
         else:
             self.scale = 1.0
-        self.lambda_min = float(result.lambda_min) if result is not None else float(self.eigenvalues.min())
+        self.lambda_min = float(result.lambda_min) if result is not None else min(values)
         self._vel_res_proj = self._project(vel) if vel is not None else zeros.clone()
         self._mom_proj = zeros.clone()
         if self._fast_path_kind() in ("heavy_ball", "nesterov"):
@@ -808,9 +821,10 @@ class FOSI(Optimizer):
         }
         if ese["ese_ran"]:
             info["lanczos_iters"] = ese["lanczos_iters"]
-        if self.eigenvalues is not None:
-            info["lambda_max"] = float(self.eigenvalues[-1]) if self.k > 0 else float("nan")
-            info["lambda_k"] = float(self.eigenvalues[self.l]) if self.k > 0 else float("nan")
+        if self.eigenvalues is not None:  # host floats, read once at the ESE (_install)
+            values = getattr(self, "_lam_values", None) or self.eigenvalues.tolist()
+            info["lambda_max"] = values[-1] if self.k > 0 else float("nan")
+            info["lambda_k"] = values[self.l] if self.k > 0 else float("nan")
             info["lambda_min"] = float(self.lambda_min)
         if loss is not None:
             info["loss"] = float(loss)

@@ -36,6 +36,11 @@ batch (λ ← λ/ω if ρ < ¼, λ·ω if ρ > ¾, ω = decay^interval); q exclu
 GGN products use a copy of the model whose BatchNorm normalises with batch statistics without
 tracking them (the training-mode function); the running statistics are restored after the extra
 forward for ρ, so only the training forward updates them.
+
+Host reads (a GPU step waits for each): a step between two inversions and two damping updates
+reads nothing but its logged scalars, once, at the end (``host_stats=False``: not even those; see
+:meth:`KFAC.read_stats`): the quadratic model, its 2×2 solve and the coefficients stay on the
+device. An inversion step reads the factors' traces (π), a damping-update step reads ρ.
 """
 
 from __future__ import annotations
@@ -48,10 +53,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import jvp
 
 from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.hvp import hvp_module
-from curvopt.objective import Objective, mean_loss
+from curvopt.objective import Objective, mean_loss, output_hessian_vp
 
 ESTIMATIONS = ("fisher_gradients", "empirical")
 UNCOVERED = ("error", "diagonal")
@@ -302,6 +308,47 @@ def sample_targets(outputs: Tensor, kind: str, targets: Tensor, generator: torch
     raise ValueError(f"K-FAC cannot sample targets for loss kind {kind!r}")
 
 
+def _small_lstsq(A: Tensor, b: Tensor) -> Tensor:
+    """The least-squares solution of a symmetric ``A x = b`` of size 1 or 2 (the quadratic model's).
+
+    On the CPU ``torch.linalg.lstsq`` (rank-revealing ``gelsy``) as before. Elsewhere a closed form
+    with no host read (CUDA's ``lstsq`` assumes full rank and checks for errors on the host): the
+    inverse when ``A`` is well conditioned, else the pseudo-inverse of its rank-one part (``x = 0``
+    for ``A = 0``), which is the minimum-norm solution ``gelsy`` returns for a PSD ``A``.
+
+    Args:
+        A: ``(k, k)`` symmetric positive semi-definite matrix, ``k`` in ``{1, 2}``.
+        b: ``(k,)`` right-hand side.
+
+    Returns:
+        ``x``, shape ``(k,)``.
+    """
+    if A.device.type == "cpu" or A.shape[0] > 2:
+        return torch.linalg.lstsq(A, b.unsqueeze(1)).solution.squeeze(1)
+    return _closed_form_lstsq(A, b)
+
+
+def _closed_form_lstsq(A: Tensor, b: Tensor) -> Tensor:
+    """:func:`_small_lstsq` off the CPU: a closed form for ``k ≤ 2`` without host reads."""
+    eps = torch.finfo(A.dtype).eps
+    if A.shape[0] == 1:
+        a = A.reshape(())
+        nonzero = a.abs() > 0
+        return torch.where(nonzero, b / torch.where(nonzero, a, 1.0), 0.0)
+    a, c, d = A[0, 0], A[0, 1], A[1, 1]
+    det = a * d - c * c
+    trace = a + d
+    full = det > 4 * eps * trace * trace  # condition number below ~1/(4 eps)
+    safe_det = torch.where(full, det, 1.0)
+    inverse = torch.stack([d * b[0] - c * b[1], a * b[1] - c * b[0]]) / safe_det
+    # rank one: A ≈ trace · u uᵀ with u ∝ the larger of A's columns
+    u = torch.where(a >= d, torch.stack([a, c]), torch.stack([c, d]))
+    u = u / torch.linalg.vector_norm(u).clamp_min(torch.finfo(A.dtype).tiny)
+    positive = trace > 0
+    rank_one = torch.where(positive, (u @ b) / torch.where(positive, trace, 1.0), 0.0) * u
+    return torch.where(full, inverse, rank_one)
+
+
 class KFAC(AlgorithmBase):
     """K-FAC with kfac-jax's adaptive learning rate, momentum and damping (an ``Algorithm``).
 
@@ -333,7 +380,11 @@ class KFAC(AlgorithmBase):
         uncovered: What to do with parameters outside Linear/Conv2d/ConvTranspose2d layers:
             ``"error"`` or ``"diagonal"`` (a diagonal Fisher).
         clip_grad_value: Element-wise gradient clipping before preconditioning (``None``: off).
-        seed: Seed of the target sampling.
+        seed: Seed of the target sampling (a generator on the parameters' device off the CPU).
+        host_stats: ``True``: :meth:`step` returns the logged scalars as Python numbers (one
+            stacked host read at the end of the step); ``False``: as 0-d device tensors, with no
+            host read in a step between inversions and damping updates; :meth:`read_stats`
+            turns them into numbers when the caller logs.
 
     Raises:
         ValueError: On an unknown ``estimation``/``uncovered``, an ``lr`` that is neither
@@ -386,6 +437,7 @@ class KFAC(AlgorithmBase):
         uncovered: str = "error",
         clip_grad_value: float | None = None,
         seed: int = 0,
+        host_stats: bool = True,
     ) -> None:
         if estimation not in ESTIMATIONS:
             raise ValueError(f"estimation must be one of {ESTIMATIONS}, got {estimation!r}")
@@ -448,7 +500,11 @@ class KFAC(AlgorithmBase):
         self.estimation = estimation
         self.l2_reg = float(l2_reg)
         self.clip_grad_value = clip_grad_value
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.host_stats = bool(host_stats)
+        device = next((p.device for p in objective.model.parameters()), torch.device("cpu"))
+        # torch.multinomial needs a generator on the probabilities' device (the CPU's for meta)
+        gen_device = device if device.type not in ("cpu", "meta") else torch.device("cpu")
+        self.generator = torch.Generator(device=gen_device).manual_seed(int(seed))
         self.step_count = 0
         self.velocity: list[Tensor] | None = None
         self.names = [n for n, p in objective.model.named_parameters() if p.requires_grad]
@@ -576,8 +632,9 @@ class KFAC(AlgorithmBase):
                 continue
             A = (b.A / b.weight).double()
             G = (b.G / b.weight).double()
-            tr_a, tr_g = float(torch.trace(A)) / A.shape[0], float(torch.trace(G)) / G.shape[0]
-            pi = math.sqrt(tr_a / tr_g) if tr_a > 0 and tr_g > 0 else 1.0
+            # π on the device (float64, the same arithmetic as Python floats): no host read
+            tr_a, tr_g = torch.trace(A) / A.shape[0], torch.trace(G) / G.shape[0]
+            pi = torch.where((tr_a > 0) & (tr_g > 0), torch.sqrt(tr_a / tr_g), 1.0)
             eye_a = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
             eye_g = torch.eye(G.shape[0], dtype=G.dtype, device=G.device)
             b.A_inv = torch.linalg.inv(A + pi * math.sqrt(lam) * eye_a).to(b.A.dtype)
@@ -629,11 +686,36 @@ class KFAC(AlgorithmBase):
         return out  # type: ignore[return-value]
 
     # -- quadratic model --------------------------------------------------------------------------------
+    def _normaliser(self, y: Tensor) -> Tensor | float:
+        """:meth:`Objective._normaliser` without its host read: a device count for cross-entropy."""
+        obj = self.objective
+        if obj.loss_kind == "cross_entropy":
+            return (y != obj.ignore_index).sum()
+        return float(y.shape[0])
+
     def _ggn_gram(self, x: Tensor, y: Tensor, vectors: list[list[Tensor]]) -> Tensor:
-        """``vᵢᵀ C vⱼ`` for the update directions (JVPs only; see :meth:`Objective.ggn_gram`)."""
+        """``vᵢᵀ C vⱼ`` for the update directions, float64 on the device (JVPs only).
+
+        :meth:`Objective.ggn_gram`'s arithmetic entry by entry (the same values), without its host
+        reads (the normaliser, a CPU matrix filled entry by entry).
+        """
         params = dict(zip(self.names, [p.detach() for p in self.params], strict=True))
         vs = [dict(zip(self.names, vec, strict=True)) for vec in vectors]
-        return self._curv_objective.ggn_gram(params, x, y, vs)
+        obj = self._curv_objective
+        jvs, outputs = [], None
+        for v in vs:
+            outputs, jv = jvp(lambda p: obj.forward(p, x), (params,), (v,))
+            jvs.append(jv)
+        k = len(vs)
+        n = self._normaliser(y)
+        if isinstance(n, Tensor):
+            n = n.to(torch.float64)
+        entries: list[list[Tensor | None]] = [[None] * k for _ in range(k)]
+        for j in range(k):
+            hj = output_hessian_vp(outputs.detach(), jvs[j], obj.loss_kind, y)
+            for i in range(j + 1):
+                entries[i][j] = entries[j][i] = (jvs[i] * hj).sum().double() / n
+        return torch.stack([torch.stack(row) for row in entries])  # type: ignore[misc]
 
     @staticmethod
     def _dot(a: list[Tensor], b: list[Tensor]) -> Tensor:
@@ -641,22 +723,22 @@ class KFAC(AlgorithmBase):
 
     def _coefficients(
         self, grads: list[Tensor], vectors: list[list[Tensor]], M: Tensor
-    ) -> tuple[list[float], float]:
-        """Coefficients of ``vectors`` and the model change q(δ) used for ρ.
+    ) -> tuple[Tensor, Tensor]:
+        """Coefficients of ``vectors`` and the model change q(δ) used for ρ, on the device.
 
         ``M[i, j] = vᵢᵀ C vⱼ`` (:meth:`_ggn_gram`). Fixed coefficients come from lr/momentum; the
-        rest minimise the damped quadratic model.
+        rest minimise the damped quadratic model. Returns float64 tensors (no host read).
         """
         n = len(vectors)
         lam = self.damping + self.l2_reg
-        gram = torch.zeros(n, n, dtype=torch.float64)
-        bvec = torch.zeros(n, dtype=torch.float64)
+        rows: list[list[Tensor | None]] = [[None] * n for _ in range(n)]
         for i in range(n):
-            bvec[i] = self._dot(grads, vectors[i])
             for j in range(i, n):
-                gram[i, j] = gram[j, i] = self._dot(vectors[i], vectors[j])
+                rows[i][j] = rows[j][i] = self._dot(vectors[i], vectors[j])
+        gram = torch.stack([torch.stack(row) for row in rows])  # type: ignore[misc]
+        bvec = torch.stack([self._dot(grads, vectors[i]) for i in range(n)])
         fixed = [self.lr, self.momentum][:n]
-        coeff = torch.zeros(n, dtype=torch.float64)
+        coeff = torch.zeros(n, dtype=torch.float64, device=gram.device)
         free = [i for i, c in enumerate(fixed) if c == "adaptive"]
         known = [i for i, c in enumerate(fixed) if c != "adaptive"]
         for i in known:
@@ -664,11 +746,11 @@ class KFAC(AlgorithmBase):
         if free:
             Md = M + lam * gram
             rhs = bvec[free] + (Md[free][:, known] @ coeff[known] if known else 0.0)
-            sol = torch.linalg.lstsq(Md[free][:, free], -rhs.unsqueeze(1)).solution.squeeze(1)
+            sol = _small_lstsq(Md[free][:, free], -rhs)
             coeff[free] = sol
         quad = M + (lam * gram if self.include_damping_in_quad_change else 0.0)
-        change = float(bvec @ coeff + 0.5 * coeff @ quad @ coeff)
-        return [float(c) for c in coeff], change
+        change = bvec @ coeff + 0.5 * coeff @ quad @ coeff
+        return coeff, change
 
     # -- the step --------------------------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:
@@ -679,7 +761,8 @@ class KFAC(AlgorithmBase):
 
         Returns:
             ``loss`` (before the step), ``damping`` (used), ``lr_coeff``, ``momentum_coeff``,
-            ``qmodel`` (q(δ); NaN with fixed coefficients) and, on damping-update steps, ``rho``.
+            ``qmodel`` (q(δ); NaN with fixed coefficients) and, on damping-update steps, ``rho``:
+            Python numbers, or with ``host_stats=False`` tensors for :meth:`read_stats`.
         """
         x, y = batch
         obj, model = self.objective, self.objective.model
@@ -712,7 +795,7 @@ class KFAC(AlgorithmBase):
             for b in kron:
                 b.outputs = None
         if update_curv:
-            self._update_factors(ds, diag_g, obj._normaliser(y))
+            self._update_factors(ds, diag_g, self._normaliser(y))
             for b in kron:
                 b.inputs = None
         if self.step_count % self.inverse_update_period == 0 or any(b.A_inv is None for b in kron):
@@ -726,10 +809,11 @@ class KFAC(AlgorithmBase):
         vectors = [nat] + ([self.velocity] if self.velocity is not None else [])
         adaptive = "adaptive" in (self.lr, self.momentum)
         adapt_damping = self.adaptive_damping and (self.step_count + 1) % self.interval == 0
-        scalars: dict[str, Any] = {"loss": float(loss.detach()), "damping": self.damping}
+        scalars: dict[str, Any] = {"loss": loss.detach(), "damping": self.damping}
         saved = _snapshot_buffers(model) if (adaptive or adapt_damping) else None
         if adaptive or adapt_damping:
-            coeff, change = self._coefficients(grads, vectors, self._ggn_gram(x, y, vectors))
+            coeff_t, change = self._coefficients(grads, vectors, self._ggn_gram(x, y, vectors))
+            coeff: list[Any] = list(coeff_t.unbind(0))
         else:
             coeff = [float(self.lr), float(self.momentum)][: len(vectors)]
             change = float("nan")
@@ -738,10 +822,12 @@ class KFAC(AlgorithmBase):
             for p, d in zip(self.params, delta, strict=True):
                 p.add_(d)
         self.velocity = [d.detach() for d in delta]
-        if adapt_damping:
+        if adapt_damping:  # a damping-update step: ρ is read on the host (one read)
             with torch.no_grad():
-                new_loss = float(mean_loss(model(x), y, kind, obj.ignore_index))
-            rho = (new_loss - scalars["loss"]) / change if change < 0 else -math.inf
+                new_loss_t = mean_loss(model(x), y, kind, obj.ignore_index)
+            parts = [new_loss_t.double(), scalars["loss"].double(), torch.as_tensor(change).double()]
+            new_loss, old_loss, change = (float(v) for v in torch.stack(parts).tolist())
+            rho = (new_loss - old_loss) / change if change < 0 else -math.inf
             if not math.isfinite(rho) or rho < self.lower:
                 self.damping = min(self.damping / self.omega, self.max_damping)
             elif rho > self.upper:
@@ -751,7 +837,24 @@ class KFAC(AlgorithmBase):
             _restore_buffers(model, saved)
         scalars.update(lr_coeff=coeff[0], momentum_coeff=coeff[1] if len(coeff) > 1 else 0.0, qmodel=change)
         self.step_count += 1
-        return scalars
+        return self.read_stats(scalars) if self.host_stats else scalars
+
+    @staticmethod
+    def read_stats(stats: dict[str, Any]) -> dict[str, Any]:
+        """The scalars of a step as Python numbers (one stacked host read for the tensors).
+
+        Args:
+            stats: What :meth:`step` returned (with ``host_stats=False`` some values are tensors).
+
+        Returns:
+            The same keys with Python floats.
+        """
+        keys = [k for k, v in stats.items() if isinstance(v, Tensor)]
+        out = dict(stats)
+        if keys:
+            values = torch.stack([stats[k].detach().to(torch.float64).reshape(()) for k in keys]).tolist()
+            out.update(zip(keys, values))
+        return out
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

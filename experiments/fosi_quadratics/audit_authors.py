@@ -75,6 +75,28 @@ def failing_cells(table: dict[tuple[float, int], dict[str, np.ndarray]]) -> list
     return [c for c, f in table.items() if f["fosi_adam"][-1] > f["adam"][-1]]
 
 
+def vs_records(mine: dict[tuple[float, int], dict[str, np.ndarray]], results: Path) -> dict[str, Any]:
+    """Our recomputed f(θ₂₀₀) against the committed Q3 records the report judges (largest relative
+    difference over the grid, and whether the same cells fail); ``{}`` without records."""
+    from experiments.fosi_quadratics import figures
+
+    try:
+        table = figures._q3_table(results)
+    except FileNotFoundError:
+        return {}
+    rel, fails = 0.0, []
+    for c, f in mine.items():
+        rec = {name: float(table[name][c]["f_final"]) for name in ("adam", "fosi_adam")}
+        rel = max(rel, *(abs(float(f[name][-1]) - rec[name]) / abs(rec[name]) for name in rec))
+        if rec["fosi_adam"] > rec["adam"]:
+            fails.append(c)
+    return {
+        "cells": len(mine),
+        "max_rel_diff_f200": rel,
+        "same_failing_cells": sorted(fails) == sorted(failing_cells(mine)),
+    }
+
+
 def skip(reason: str) -> None:
     print(f"skipped: {reason}", flush=True)
 
@@ -202,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "cells_failing_ours_whole_grid": len(failing_cells(mine)),
         **compare(mine, authors),
     }
+    record["ours_recomputed_vs_q3_records"] = vs_records(mine, args.results_dir)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / RECORD
     path.write_text(json.dumps(record, indent=1) + "\n")

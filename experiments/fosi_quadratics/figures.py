@@ -256,7 +256,7 @@ def fig7_robustness(results: Path, out_dir: Path) -> Path:
     for ax, (Z, title, kw) in zip(axes, panels):
         im = ax.imshow(Z, origin="lower", aspect="auto", interpolation="nearest", **kw)
         ax.plot(fail_x, fail_y, "kx", markersize=6, mew=1.5, label="fails from the recorded θ₀")
-        ax.axhline(zetas.index(30) - 0.5, color="k", linestyle="--", linewidth=1)
+        ax.axhline(sum(z < 30 for z in zetas) - 0.5, color="k", linestyle="--", linewidth=1)
         ax.set_xticks(range(len(bs)))
         ax.set_xticklabels([f"{b:.3f}" for b in bs], rotation=90, fontsize=7)
         ax.set_yticks(range(len(zetas)))

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: Mean H200 wall time per dispatched op of our per-matrix optimizer steps (LLaMA-60M matrices, four
@@ -122,6 +123,10 @@ class DispatchCounter(TorchDispatchMode):
         name = str(func)
         self.ops += 1
         self.by_name[name] += 1
+        if name.startswith(("prim.", "profiler.")):  # metadata queries and profiler marks: no kernel
+            self.ops -= 1
+            self.by_name[name] -= 1
+            return func(*args, **kwargs)
         if getattr(func, "is_view", False):
             self.views += 1
         elif name in _ALLOCATIONS:
@@ -169,13 +174,111 @@ def count_dispatch(fn: Callable[[], Any]) -> DispatchCounter:
     return counter
 
 
+class HostReadError(RuntimeError):
+    """A copy of a (fake) CUDA tensor to the CPU under :func:`fake_cuda`: a host read."""
+
+
+def _basic_view(tensor: torch.Tensor, index: Any) -> tuple[torch.Tensor, list[Any]]:
+    """``tensor[index]`` through ATen view ops; returns the view and the advanced (tensor) indices.
+
+    Supports ints, slices, ``None``, ``Ellipsis`` and integer tensors (``aten.index``); a boolean
+    mask is a host read (its size depends on the data) and raises :class:`HostReadError`.
+    """
+    aten = torch.ops.aten
+    items = index if isinstance(index, tuple) else (index,)
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    out, dim, advanced = tensor, 0, []
+    for item in items:
+        if item is Ellipsis:
+            dim += tensor.dim() - consumed
+        elif item is None:
+            out = aten.unsqueeze.default(out, dim)
+            dim += 1
+        elif isinstance(item, bool):
+            raise NotImplementedError("fake_cuda: indexing with a Python bool")
+        elif isinstance(item, int):
+            out = aten.select.int(out, dim, item)
+        elif isinstance(item, slice):
+            out = aten.slice.Tensor(out, dim, item.start, item.stop, item.step or 1)
+            dim += 1
+        else:
+            idx = item if isinstance(item, torch.Tensor) else torch.tensor(item, device=tensor.device)
+            if idx.dtype == torch.bool:
+                raise HostReadError("boolean-mask indexing (its result size is read on the host)")
+            advanced.append((dim, idx))
+            dim += 1
+    return out, advanced
+
+
+def _getitem(tensor: torch.Tensor, index: Any) -> torch.Tensor:
+    out, advanced = _basic_view(tensor, index)
+    if not advanced:
+        return out
+    indices: list[Any] = [None] * out.dim()
+    for dim, idx in advanced:
+        indices[dim] = idx
+    while indices and indices[-1] is None:
+        indices.pop()
+    return torch.ops.aten.index.Tensor(out, indices)
+
+
+def _setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
+    out, advanced = _basic_view(tensor, index)
+    if not isinstance(value, torch.Tensor):
+        value = torch.tensor(value, dtype=tensor.dtype, device=tensor.device)
+    if not advanced:
+        torch.ops.aten.copy_.default(out, value)
+        return
+    indices: list[Any] = [None] * out.dim()
+    for dim, idx in advanced:
+        indices[dim] = idx
+    torch.ops.aten.index_put_.default(out, indices, value)
+
+
+class _FakeCudaBindings(TorchFunctionMode):
+    """Routes the ``Tensor`` methods whose Python bindings refuse CUDA on a CPU-only torch.
+
+    ``Tensor.copy_``, ``Tensor.to(device)`` and indexing initialise CUDA before they dispatch, which
+    a CPU build cannot; their ATen ops (``aten.copy_``, ``aten._to_copy``, ``aten.slice``/``select``/
+    ``index``) work on fake tensors. A copy from CUDA to the CPU and a boolean mask are host reads and
+    raise :class:`HostReadError`.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.__getitem__:
+            return _getitem(args[0], args[1])
+        if func is torch.Tensor.__setitem__:
+            return _setitem(args[0], args[1], args[2])
+        if func is torch.Tensor.copy_:
+            dst, src = args[0], args[1]
+            if dst.device.type == "cpu" and isinstance(src, torch.Tensor) and src.device.type == "cuda":
+                raise HostReadError("copy of a CUDA tensor into a CPU tensor (a host read)")
+            return torch.ops.aten.copy_.default(dst, src, kwargs.get("non_blocking", False))
+        if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
+            tensor = args[0]
+            if func is torch.Tensor.cpu:
+                device, dtype = torch.device("cpu"), None
+            elif func is torch.Tensor.cuda:
+                device, dtype = torch.device("cuda"), None
+            else:
+                device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and torch.device(device).type != tensor.device.type:
+                if torch.device(device).type == "cpu":
+                    raise HostReadError("copy of a CUDA tensor to the CPU (a host read)")
+                return torch.ops.aten._to_copy.default(tensor, dtype=dtype or tensor.dtype, device=device)
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[Any]:
     """A ``FakeTensorMode`` for building ``device="cuda"`` tensors on a CPU-only torch.
 
     Inside it, ``torch.zeros(..., device="cuda")`` and every op on such tensors run on metadata only;
     reading a value on the host (``.item()``, ``float()``, ``bool()``, ``.tolist()``, a boolean mask,
-    ``nonzero``) raises. Parameters and optimizers created inside it are fake as well.
+    ``nonzero``, a copy to the CPU) raises. Parameters and optimizers created inside it are fake as
+    well. ``Tensor.copy_`` and ``Tensor.to``, whose bindings would try to initialise CUDA, are routed
+    to their ATen ops.
 
     Yields:
         The ``FakeTensorMode``.
@@ -193,5 +296,5 @@ def fake_cuda() -> Iterator[Any]:
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode, _FakeCudaBindings():
         yield mode

@@ -55,11 +55,11 @@ from torch import Tensor
 from curvopt.optim.checks import check_finite_nonneg
 from curvopt.optim.racs import (
     MatrixOptimizer,
+    bank_slice,
+    chunk_slices,
     compute_dtype,
     foreach_add_scaled,
-    foreach_chunks,
     limiter_eta,
-    store_stacked,
 )
 
 SWITCH_MODES = ("complement", "none", "gaussian", "gaussian_mix", "full_basis")
@@ -85,9 +85,8 @@ def canonical_signs(U: Tensor) -> Tensor:
         ``U`` with columns multiplied by ±1.
     """
     idx = U.abs().argmax(dim=0, keepdim=True)
-    sign = torch.sign(torch.gather(U, 0, idx))
-    sign[sign == 0] = 1
-    return U * sign
+    sign = torch.gather(U, 0, idx)
+    return U * torch.where(sign < 0, -1.0, 1.0).to(U.dtype)  # a zero column keeps its sign: +1
 
 
 def top_eigvecs(A: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -287,6 +286,14 @@ class Alice(MatrixOptimizer):
             batched products) instead of one by one; ``None`` (default): on when every parameter
             of the group is on CUDA, where the loop is bound by kernel launches. Refresh steps, the
             first step and the Fira-style compensation ablations always loop. The two agree to rounding.
+            The stacked state lives in one bank per shape; each matrix's ``state`` entries are its
+            slices.
+        check_finite: How a NaN/inf gradient is caught. ``"eager"``: one host read per step, and the
+            step raises :class:`~curvopt.errors.NonFiniteError` before anything changes;
+            ``"deferred"``: no host read — the step computes a device flag, writes nothing where it
+            is set, and :meth:`raise_if_nonfinite` (which the training loop calls with its loss
+            read) raises; ``None`` (default): deferred when every gradient is on CUDA and the step
+            is stacked (``foreach``) (a plain step; the first step and refreshes check eagerly), eager otherwise.
 
     Raises:
         ValueError: On an out-of-range hyperparameter, an unknown mode, a rank above a weight's
@@ -343,6 +350,7 @@ class Alice(MatrixOptimizer):
         state_dtype: str | torch.dtype | None = None,
         clamp_rank: bool = False,
         foreach: bool | None = None,
+        check_finite: str | None = None,
     ) -> None:
         if leading is None:
             leading = min(DEFAULT_LEADING, int(rank))
@@ -373,6 +381,7 @@ class Alice(MatrixOptimizer):
             "state_dtype": state_dtype,
             "clamp_rank": clamp_rank,
             "foreach": foreach,
+            "check_finite": check_finite,
         }
         super().__init__(params, defaults)
 
@@ -572,8 +581,31 @@ class Alice(MatrixOptimizer):
             upd.add_(dense)
         target.add_(upd.to(p.dtype), alpha=scale)
 
+    def _stacked_plain_step(self, group: dict[str, Any]) -> bool:
+        """Whether the group's compensation has a stacked form (``"none"`` or the fused optimal one)."""
+        mode = group["compensation"]
+        return mode == "none" or (mode == "optimal" and group["fused_compensation"] and _orthonormal(group))
+
+    def _is_plain(self, p: Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``p``'s next step is a plain one (neither its first nor a refresh)."""
+        state = self.state[p]
+        t = state.get("step", 0) + 1
+        return bool(state) and t != 1 and t % int(group["update_interval"]) != 0
+
+    def _defers(self, group: dict[str, Any], params: list[Tensor]) -> bool:
+        """Deferred finiteness needs the stacked path for every matrix: plain steps only.
+
+        A refresh (every ``update_interval`` steps), the first step and the Fira-style ablations run
+        the per-matrix loop, which checks eagerly (one host read, as a refresh makes anyway).
+        """
+        if not self._use_foreach(group, params):
+            return False
+        if group["adam"]:
+            return True
+        return self._stacked_plain_step(group) and all(self._is_plain(p, group) for p in params)
+
     def _matrix_update_foreach(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        """Plain steps of same-shape matrices stacked (batched products, foreach copies); the rest loops.
+        """Plain steps of same-shape matrices stacked, in place on the state banks; the rest loops.
 
         A step batches when it is neither the first nor a refresh (``t % K != 0``) and the
         compensation is ``"none"`` or the fused ``"optimal"`` one (orthonormal switch modes): the
@@ -581,52 +613,66 @@ class Alice(MatrixOptimizer):
         arithmetic on a ``(k, m, n)`` stack (tested against it); the batched sums may round
         differently.
         """
-        K = int(group["update_interval"])
-        mode = group["compensation"]
-        fused = mode == "none" or (mode == "optimal" and group["fused_compensation"] and _orthonormal(group))
+        fused = self._stacked_plain_step(group)
         buckets: dict[tuple[Any, ...], list[Tensor]] = {}
         for p in params:
             state = self.state[p]
-            t = state.get("step", 0) + 1
-            if not state or t == 1 or t % K == 0 or not fused:
+            if not fused or not self._is_plain(p, group):
                 self._matrix_update(p, p.grad, state, group)
                 continue
             m, n, transposed = self.oriented_shape(tuple(p.shape), group["project_side"])
             qt = state.get("Qt")
-            key = (m, n, transposed, p.dtype, p.device, t, state["U"].dtype, state["exp_avg"].dtype,
-                   None if qt is None else qt.dtype)  # fmt: skip
+            key = (m, n, transposed, p.dtype, p.device, state["step"] + 1, state["U"].dtype,
+                   state["exp_avg"].dtype, None if qt is None else qt.dtype)  # fmt: skip
             buckets.setdefault(key, []).append(p)
-        for (m, n, transposed, *_), bucket in buckets.items():
-            for ps in foreach_chunks(bucket, m * n):
-                self._plain_steps_stacked(ps, group, m, n, transposed)
+        for (m, n, transposed, _pdt, device, *_), bucket in buckets.items():
+            keys = ("U", "exp_avg", "exp_avg_sq", "p", "phi") + (
+                ("Qt",) if "Qt" in self.state[bucket[0]] else ()
+            )
+            full = self._bank(bucket, keys)
+            for part in chunk_slices(len(bucket), m * n, device):
+                bank = bank_slice(full, part, len(bucket))
+                self._plain_steps_stacked(bucket[part], bank, group, m, n, transposed)
 
     def _plain_steps_stacked(
-        self, ps: list[Tensor], group: dict[str, Any], m: int, n: int, transposed: bool
+        self,
+        ps: list[Tensor],
+        bank: dict[str, Tensor],
+        group: dict[str, Any],
+        m: int,
+        n: int,
+        transposed: bool,
     ) -> None:
-        """One plain step of :meth:`_matrix_update` for k same-shape matrices at once."""
-        states = [self.state[p] for p in ps]
-        for st in states:
-            st["step"] += 1
-        t = states[0]["step"]
+        """One plain step of :meth:`_matrix_update` for k same-shape matrices, on their state ``bank``.
+
+        With ``check_finite="deferred"`` a skipped step zeroes ``G``, keeps every state tensor and
+        moves no weight.
+        """
+        for p in ps:
+            self.state[p]["step"] += 1
+        t = self.state[ps[0]]["step"]
         cdt = compute_dtype(ps[0])
         r = min(int(group["rank"]), m)
         b1, b2, b3 = group["betas"]
         eps = group["eps"]
 
-        def stacked(key: str) -> tuple[list[Tensor], Tensor]:
-            bufs = [st[key] for st in states]
-            return bufs, torch.stack(bufs).to(cdt)
+        def update(key: str, new: Tensor, old: Tensor) -> None:
+            bank[key].copy_(self._gated(new, old))
 
-        G = torch.stack([p.grad.T if transposed else p.grad for p in ps]).to(cdt)  # k×m×n
-        U = torch.stack([st["U"] for st in states]).to(cdt)  # k×m×r
+        G = torch.stack([p.grad for p in ps]).to(cdt)  # k × rows × cols, as stored
+        G = self._sanitized(G.mT if transposed else G)  # k×m×n
+        U = bank["U"].to(cdt)  # k×m×r
         sigma = torch.bmm(U.mT, G)  # k×r×n
-        if "Qt" in states[0]:
-            bufs, Qt = stacked("Qt")
-            store_stacked(bufs, Qt.mul_(b3).baddbmm_(sigma, sigma.mT, alpha=1 - b3))
-        bufs, m1 = stacked("exp_avg")
-        store_stacked(bufs, m1.mul_(b1).add_(sigma, alpha=1 - b1))
-        bufs, v = stacked("exp_avg_sq")
-        store_stacked(bufs, v.mul_(b2).addcmul_(sigma, sigma, value=1 - b2))
+        if "Qt" in bank:
+            Qt = bank["Qt"].to(cdt)
+            update("Qt", torch.baddbmm(Qt, sigma, sigma.mT, beta=b3, alpha=1 - b3), Qt)
+        m_old, v_old = bank["exp_avg"].to(cdt), bank["exp_avg_sq"].to(cdt)
+        m1 = m_old.mul(b1).add_(sigma, alpha=1 - b1)
+        v = v_old.mul(b2).addcmul_(sigma, sigma, value=1 - b2)
+        update("exp_avg", m1, m_old)
+        update("exp_avg_sq", v, v_old)
+        if self.__dict__.get("_step_ok") is not None:  # a skipped step: ω from the kept moments
+            m1, v = bank["exp_avg"].to(cdt), bank["exp_avg_sq"].to(cdt)
         if group["bias_correction"]:
             omega = (m1 / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt_().add_(eps))
         else:
@@ -634,24 +680,23 @@ class Alice(MatrixOptimizer):
         colscale = None
         if group["compensation"] == "optimal" and m != r:
             res_sq = (G.square().sum(1) - sigma.square().sum(1)).clamp_min_(0)  # k×n
-            bufs, pvec = stacked("p")
-            store_stacked(bufs, pvec.mul_(b1).add_(res_sq, alpha=1 - b1))
-            d = pvec.sqrt().add_(eps).reciprocal_()
+            p_old = bank["p"].to(cdt)
+            pvec = p_old.mul(b1).add_(res_sq, alpha=1 - b1)
+            update("p", pvec, p_old)
+            d = bank["p"].to(cdt).sqrt().add_(eps).reciprocal_()
             root = math.sqrt(m - r)
             c_norm = root * torch.sqrt((res_sq * d.square()).sum(-1))  # k
-            phi_bufs = [st["phi"] for st in states]
-            phi = torch.stack(phi_bufs)
+            phi = bank["phi"]
             eta = limiter_eta(c_norm.to(phi.dtype), phi, group["gamma"])
-            store_stacked(phi_bufs, eta * c_norm)
+            update("phi", eta * c_norm, phi)
             colscale = d.mul_((group["alpha_c"] * root) * eta.to(cdt).unsqueeze(1))
             omega = omega.sub_(sigma * colscale.unsqueeze(1))
         # U(ω − cσD) + cGD, as the loop's bracket; then λα times it into the weights
         upd = torch.bmm(U, omega) if colscale is None else torch.baddbmm(G * colscale.unsqueeze(1), U, omega)
         pdt = ps[0].dtype
-        upd_list = [u.mT if transposed else u for u in upd.unbind(0)]
-        if pdt != cdt:
-            upd_list = [u.to(pdt) for u in upd_list]
-        foreach_add_scaled(ps, upd_list, -group["lr"] * group["alpha"])
+        upd = upd.mT if transposed else upd
+        upd_list = list(upd.unbind(0)) if pdt == cdt else list(upd.to(pdt).unbind(0))
+        foreach_add_scaled(ps, upd_list, self._gated_scale(-group["lr"] * group["alpha"]))
 
     def _with_compensation(
         self,

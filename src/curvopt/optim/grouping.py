@@ -322,7 +322,7 @@ def method_state_numel(method: str, shape: tuple[int, int], rank: int = 128) -> 
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor reachable from ``optimizer.state``, each storage counted once.
+    """Bytes of every tensor reachable from ``optimizer.state``; memory shared by several tensors counts once.
 
     Includes tensors held by the official packages' projector objects (searched up to a depth of
     4 containers/attributes).
@@ -333,17 +333,18 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     Returns:
         The number of bytes.
     """
-    seen: set[int] = set()
+    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte intervals its tensors cover
 
     def walk(obj: Any, depth: int = 0) -> int:
         if depth > 4:
             return 0
         if isinstance(obj, torch.Tensor):
-            key = obj.untyped_storage().data_ptr() if obj.device.type != "meta" else id(obj)
-            if key in seen:
-                return 0
-            seen.add(key)
-            return obj.numel() * obj.element_size()
+            size = obj.numel() * obj.element_size()
+            if obj.device.type == "meta":
+                return size
+            start = obj.storage_offset() * obj.element_size()
+            spans.setdefault(obj.untyped_storage().data_ptr(), []).append((start, start + size))
+            return 0
         if isinstance(obj, dict):
             return sum(walk(v, depth + 1) for v in obj.values())
         if isinstance(obj, (list, tuple)):
@@ -352,4 +353,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
             return sum(walk(v, depth + 1) for v in vars(obj).values())
         return 0
 
-    return sum(walk(st) for st in optimizer.state.values())
+    total = sum(walk(st) for st in optimizer.state.values())
+    # the union of the intervals per storage: shared storage (the slices of a stacked state bank,
+    # one tensor referenced twice) is counted once
+    for intervals in spans.values():
+        end = -1
+        for lo, hi in sorted(intervals):
+            lo = max(lo, end)
+            if hi > lo:
+                total += hi - lo
+                end = hi
+    return total

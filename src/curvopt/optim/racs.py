@@ -27,7 +27,7 @@ method group are rejected with a message — never silently reshaped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -35,6 +35,11 @@ from torch import Tensor
 
 from curvopt.errors import NonFiniteError
 from curvopt.optim.checks import check_finite_nonneg
+
+#: ``check_finite`` settings: ``None`` (automatic: deferred when every gradient is on CUDA), ``"eager"``
+#: (one host read per step, raise before anything changes) or ``"deferred"`` (no host read; a step
+#: with a NaN/inf gradient writes nothing and :meth:`MatrixOptimizer.raise_if_nonfinite` raises).
+CHECK_FINITE_MODES = (None, "eager", "deferred")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -77,6 +82,17 @@ def compute_dtype(param: Tensor) -> torch.dtype:
         ``torch.float64`` or ``torch.float32``.
     """
     return torch.float64 if param.dtype == torch.float64 else torch.float32
+
+
+def gate_scalar(ok: Tensor, value: float | Tensor, other: float) -> Tensor:
+    """``value`` where ``ok`` else ``other``, as a 0-d float64 tensor on ``ok``'s device.
+
+    float64 so that a Python hyper-parameter keeps its exact value: in a product with a float32
+    tensor a 0-d tensor acts as a scalar, cast to the tensor's compute type as the float would be.
+    """
+    if not isinstance(value, Tensor):
+        value = torch.scalar_tensor(value, dtype=torch.float64, device=ok.device)
+    return torch.where(ok, value, other)
 
 
 def limiter_eta(norm: Tensor, phi: Tensor, gamma: float) -> Tensor:
@@ -146,6 +162,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             "weight_decay": 0.0,
             "state_dtype": None,
             "foreach": None,
+            "check_finite": None,
             **defaults,
         }
         super().__init__(params, defaults)
@@ -175,6 +192,11 @@ class MatrixOptimizer(torch.optim.Optimizer):
         if group.get("foreach") not in (None, True, False):
             raise ValueError(
                 f"{name}: foreach must be None (automatic), True or False, got {group['foreach']!r}"
+            )
+        if group.get("check_finite") not in CHECK_FINITE_MODES:
+            raise ValueError(
+                f"{name}: check_finite must be None (automatic), 'eager' or 'deferred', got "
+                f"{group['check_finite']!r}"
             )
         for p in group["params"]:
             if p.is_complex() or not p.is_floating_point():
@@ -225,36 +247,97 @@ class MatrixOptimizer(torch.optim.Optimizer):
         """Dtype of the stored state: the parameter's (the paper keeps BF16 states) or ``state_dtype``."""
         return group["state_dtype"] or p.dtype
 
-    def _check_finite_gradients(self) -> None:
-        """Raise before anything changes when a gradient is sparse or holds a NaN or an inf.
-
-        A sparse gradient raises ``RuntimeError``, a non-finite one :class:`NonFiniteError`.
-
-        NaN and inf survive a sum, so one sum per gradient and one host sync per step (~2 % of a
-        RACS step on a CPU) clear the usual case; only a non-finite sum (or an overflowing one)
-        pays for the exact element-wise check.
-        """
-        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+    def _check_sparse(self, params: list[Tensor]) -> None:
         if any(p.grad.is_sparse for p in params):
             raise RuntimeError(
                 f"{type(self).__name__} does not support sparse gradients; no parameter or optimizer "
                 "state was changed (use a dense gradient, e.g. nn.Embedding(sparse=False))"
             )
-        if not params:
-            return
-        if bool(torch.stack([p.grad.sum().float() for p in params]).isfinite().all()):
-            return
+
+    def _nonfinite_error(self, params: list[Tensor]) -> NonFiniteError | None:
+        """The error naming the first parameter whose gradient holds NaN/inf (exact, element-wise)."""
         order = [p for group in self.param_groups for p in group["params"]]
         bad = next((p for p in params if not bool(p.grad.isfinite().all())), None)
-        if bad is None:  # a finite gradient whose sum overflowed
-            return
+        if bad is None:
+            return None
         shape = tuple(bad.shape)
-        bad = next(i for i, q in enumerate(order) if q is bad)
-        raise NonFiniteError(
-            f"{type(self).__name__}: the gradient of parameter #{bad} (shape {shape}) holds NaN or inf "
+        index = next(i for i, q in enumerate(order) if q is bad)
+        return NonFiniteError(
+            f"{type(self).__name__}: the gradient of parameter #{index} (shape {shape}) holds NaN or inf "
             f"values; no parameter or optimizer state was changed. The loss or its backward overflowed: "
             "lower the learning rate, clip gradients, or use a wider dtype"
         )
+
+    @staticmethod
+    def _finite_flag(params: list[Tensor]) -> Tensor:
+        """A 0-d bool tensor on the gradients' device: every gradient entry is finite.
+
+        One ``torch._foreach_norm(·, inf)`` over all gradients (NaN and inf survive a max; a max
+        cannot overflow), then one reduction: four ops, no host read.
+        """
+        norms = torch._foreach_norm([p.grad for p in params], float("inf"))
+        return torch.stack(norms).isfinite().all()
+
+    def _check_finite_gradients(self, params: list[Tensor]) -> None:
+        """Raise before anything changes when a gradient holds a NaN or an inf (one host read).
+
+        Raises:
+            NonFiniteError: Naming the first such parameter; nothing has changed.
+        """
+        if not params or bool(self._finite_flag(params)):
+            return
+        error = self._nonfinite_error(params)
+        if error is not None:
+            raise error
+
+    def _resolve_check_finite(self, work: list[tuple[dict[str, Any], list[Tensor]]]) -> str:
+        """``"eager"`` or ``"deferred"`` for this step (see :attr:`nonfinite_pending`).
+
+        ``deferred`` needs every group of the step on the stacked path (:meth:`_defers`) and one
+        device for all gradients; ``None`` picks it when every gradient is on CUDA.
+        """
+        modes = {g.get("check_finite") for g, _ in work}
+        if "eager" in modes:
+            return "eager"
+        devices = {p.grad.device for _, ps in work for p in ps}
+        if len(devices) != 1:
+            return "eager"
+        if "deferred" not in modes and next(iter(devices)).type != "cuda":
+            return "eager"
+        return "deferred" if all(self._defers(g, ps) for g, ps in work) else "eager"
+
+    def _defers(self, group: dict[str, Any], params: list[Tensor]) -> bool:
+        """Whether this step of ``group`` can gate its writes on a device flag (the stacked path)."""
+        return self._use_foreach(group, params)
+
+    @property
+    def nonfinite_pending(self) -> Tensor | None:
+        """Device flag of the ``check_finite="deferred"`` mode: a skipped step since the last check.
+
+        In that mode (the default when every parameter is on CUDA) a step does not read its
+        gradients' finiteness on the host: it computes a 0-d bool on the device and, where a
+        gradient holds NaN or inf, writes nothing (every parameter and state tensor keeps its value;
+        only the integer step counters advance). The flag stays set until :meth:`raise_if_nonfinite`
+        reads it. ``None`` when no deferred step has run since the last check.
+        """
+        return self.__dict__.get("_nonfinite_pending")
+
+    def raise_if_nonfinite(self) -> None:
+        """Read the deferred flag (one host read) and raise if a step was skipped since the last call.
+
+        The training loop calls it with the loss it reads anyway; a loop of your own calls it as
+        often as it can afford a host read (every step, or when it logs).
+
+        Raises:
+            NonFiniteError: If a deferred step met a NaN/inf gradient (that step changed nothing).
+        """
+        flag = self.__dict__.pop("_nonfinite_pending", None)
+        if flag is not None and bool(flag):
+            raise NonFiniteError(
+                f"{type(self).__name__}: a gradient held NaN or inf values in a step since the last check "
+                "(check_finite='deferred'); that step changed no parameter or optimizer state. The loss or "
+                "its backward overflowed: lower the learning rate, clip gradients, or use a wider dtype"
+            )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -267,34 +350,95 @@ class MatrixOptimizer(torch.optim.Optimizer):
             The closure's loss, or ``None``.
 
         Raises:
-            NonFiniteError: If a gradient holds NaN/inf (nothing is changed).
+            NonFiniteError: If a gradient holds NaN/inf (nothing is changed); with
+                ``check_finite="deferred"`` the step is skipped instead and
+                :meth:`raise_if_nonfinite` raises.
             RuntimeError: On a sparse gradient (nothing is changed).
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_finite_gradients()  # raises on a sparse gradient too
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            if self._use_foreach(group, params):
-                if group["weight_decay"] != 0:
-                    torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-                if group["adam"]:
-                    self._adam_update_foreach(params, group)
-                else:
-                    self._matrix_update_foreach(params, group)
-                continue
-            for p in params:
-                if group["weight_decay"] != 0:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                if group["adam"]:
-                    self._adam_update(p, p.grad, self.state[p], group)
-                else:
-                    self._matrix_update(p, p.grad, self.state[p], group)
+        work = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
+        work = [(g, ps) for g, ps in work if ps]
+        every = [p for _, ps in work for p in ps]
+        self._check_sparse(every)
+        ok = None
+        if every:
+            if self._resolve_check_finite(work) == "deferred":
+                ok = self._finite_flag(every)
+                pending = self.__dict__.get("_nonfinite_pending")
+                bad = ok.logical_not()
+                self._nonfinite_pending = bad if pending is None else pending.logical_or_(bad)
+            else:
+                self._check_finite_gradients(every)
+        self._step_ok = ok  # read by the stacked updates, which gate their writes on it
+        try:
+            for group, params in work:
+                if self._use_foreach(group, params):
+                    if group["weight_decay"] != 0:
+                        factor = 1 - group["lr"] * group["weight_decay"]
+                        if ok is not None:
+                            factor = gate_scalar(ok, factor, 1.0)
+                        torch._foreach_mul_(params, factor)
+                    if group["adam"]:
+                        self._adam_update_foreach(params, group)
+                    else:
+                        self._matrix_update_foreach(params, group)
+                    continue
+                for p in params:
+                    if group["weight_decay"] != 0:
+                        p.mul_(1 - group["lr"] * group["weight_decay"])
+                    if group["adam"]:
+                        self._adam_update(p, p.grad, self.state[p], group)
+                    else:
+                        self._matrix_update(p, p.grad, self.state[p], group)
+        finally:
+            self._step_ok = None
         return loss
+
+    def _gated(self, new: Tensor, old: Tensor) -> Tensor:
+        """``new``, or ``old`` where this step is skipped (``check_finite="deferred"``)."""
+        ok = self.__dict__.get("_step_ok")
+        return new if ok is None else torch.where(ok, new, old)
+
+    def _sanitized(self, G: Tensor) -> Tensor:
+        """``G``, or zeros in a skipped deferred step (so that nothing computed from it is NaN)."""
+        ok = self.__dict__.get("_step_ok")
+        return G if ok is None else torch.where(ok, G, 0.0)
+
+    def _gated_scale(self, scale: float | Tensor) -> float | Tensor:
+        """A step size, or 0 where this step is skipped (``check_finite="deferred"``)."""
+        ok = self.__dict__.get("_step_ok")
+        return scale if ok is None else gate_scalar(ok, scale, 0.0)
+
+    def _bank(self, params: list[Tensor], keys: tuple[str, ...]) -> dict[str, Tensor]:
+        """The state ``keys`` of same-shape ``params`` as stacked ``(k, ...)`` tensors (state banks).
+
+        Each parameter's ``state[key]`` is the ``i``-th slice of the bank, so the per-parameter
+        state (and ``state_dict``) keeps ``torch.optim``'s layout while the stacked update reads and
+        writes the bank in place: no ``torch.stack`` of the state and no copy back per step. A bank
+        is rebuilt (by stacking) when a state tensor is no longer its slice — after
+        ``load_state_dict``, ``copy.deepcopy`` or a change of the parameters that have gradients.
+        Banks are never saved: ``state_dict`` holds the slices.
+        """
+        cache: dict[tuple[int, ...], dict[str, Any]] = self.__dict__.setdefault("_banks", {})
+        ident = tuple(id(p) for p in params)
+        bank = cache.get(ident)
+        if bank is not None and all(
+            self.state[p].get(k) is v for k in keys for p, v in zip(params, bank["views"][k])
+        ):
+            return bank["stacked"]
+        members = set(ident)
+        for other in [key for key in cache if members.intersection(key)]:
+            del cache[other]  # a parameter belongs to one bank at a time
+        stacked = {k: torch.stack([self.state[p][k] for p in params]) for k in keys}
+        views = {k: list(stacked[k].unbind(0)) for k in keys}
+        for k in keys:
+            for p, v in zip(params, views[k]):
+                self.state[p][k] = v
+        cache[ident] = {"stacked": stacked, "views": views}
+        return stacked
 
     @staticmethod
     def _use_foreach(group: dict[str, Any], params: list[Tensor]) -> bool:
@@ -303,8 +447,9 @@ class MatrixOptimizer(torch.optim.Optimizer):
         The per-parameter loop launches a few dozen small kernels per matrix, which on a GPU costs
         more than the arithmetic (RACS on the 56 LLaMA-60M matrices: 43 ms a step vs 0.4 ms for
         fused AdamW on an H200, ``results/benchmarks/cuda/bench_llm_optim.md``); the ``foreach``
-        path stacks same-shape matrices and updates them with batched products and ``torch._foreach_*``
-        calls. On a CPU the loop is as fast and uses less memory, so it stays the default there.
+        path updates same-shape matrices together from stacked state banks, with batched products and
+        ``torch._foreach_*`` calls. On a CPU the loop is as fast and uses less memory, so it stays the
+        default there.
         """
         foreach = group.get("foreach")
         if foreach is None:
@@ -350,6 +495,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             state["step"] += 1
             key = (p.dtype, state["exp_avg"].dtype, p.device, state["step"])
             buckets.setdefault(key, []).append(p)
+        ok = self.__dict__.get("_step_ok")
         for (pdt, sdt, _, t), ps in buckets.items():
             cdt = compute_dtype(ps[0])
             grads = [p.grad if p.grad.dtype == cdt else p.grad.to(cdt) for p in ps]
@@ -357,10 +503,19 @@ class MatrixOptimizer(torch.optim.Optimizer):
             v_state = [self.state[p]["exp_avg_sq"] for p in ps]
             m = m_state if sdt == cdt else [x.to(cdt) for x in m_state]
             v = v_state if sdt == cdt else [x.to(cdt) for x in v_state]
-            torch._foreach_mul_(m, b1)
-            torch._foreach_add_(m, grads, alpha=1 - b1)
-            torch._foreach_mul_(v, b2)
-            torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+            scale = -group["lr"] / (1 - b1**t)
+            if ok is None:
+                torch._foreach_mul_(m, b1)
+                torch._foreach_add_(m, grads, alpha=1 - b1)
+                torch._foreach_mul_(v, b2)
+                torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+            else:  # a skipped step: zero gradients, undecayed moments, no move
+                grads = [torch.where(ok, g, 0.0) for g in grads]
+                torch._foreach_mul_(m, gate_scalar(ok, b1, 1.0))
+                torch._foreach_add_(m, grads, alpha=1 - b1)
+                torch._foreach_mul_(v, gate_scalar(ok, b2, 1.0))
+                torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+                scale = self._gated_scale(scale)
             if sdt != cdt:
                 torch._foreach_copy_(m_state, m)
                 torch._foreach_copy_(v_state, v)
@@ -370,7 +525,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             upd = torch._foreach_div(m, denom)
             if pdt != cdt:
                 upd = [u.to(pdt) for u in upd]
-            foreach_add_scaled(ps, upd, -group["lr"] / (1 - b1**t))
+            foreach_add_scaled(ps, upd, scale)
 
     def _matrix_update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -406,39 +561,41 @@ def racs_fixed_point(P: Tensor, n_iter: int = 5, q0: Tensor | None = None) -> tu
             s = torch.mv(P.T, q).div_(torch.dot(q, q).clamp_min(tiny))
             q = torch.mv(P, s).div_(torch.dot(s, s).clamp_min(tiny))
         return s, q
+    # A stack: column vectors (k, ·, 1) and P's transposed view made once, so that no vector is
+    # reshaped per iteration (10 ops an iteration, for any k).
+    PT = P.mT
+    q_col = q.unsqueeze(2)
+    s_col = s.unsqueeze(2)
     for _ in range(n_iter):
-        s = (
-            torch.bmm(q.unsqueeze(1), P)
-            .squeeze(1)
-            .div_(torch.linalg.vecdot(q, q).clamp_min(tiny).unsqueeze(1))
-        )
-        q = (
-            torch.bmm(P, s.unsqueeze(2))
-            .squeeze(2)
-            .div_(torch.linalg.vecdot(s, s).clamp_min(tiny).unsqueeze(1))
-        )
-    return s, q
+        s_col = torch.bmm(PT, q_col).div_((q_col * q_col).sum(1, keepdim=True).clamp_min_(tiny))
+        q_col = torch.bmm(P, s_col).div_((s_col * s_col).sum(1, keepdim=True).clamp_min_(tiny))
+    return s_col.squeeze(2), q_col.squeeze(2)
 
 
-# Elements of one stacked chunk of the foreach path: its three k×m×n fp32 temporaries (G, P = G⊙G,
-# the scaled step) then take at most 3 × 32 MiB beside the model (all 32 512×512 attention matrices of
-# LLaMA-60M in one chunk).
+# Elements of one stacked chunk of the foreach path on a CPU: its three k×m×n fp32 temporaries (G,
+# P = G⊙G, the scaled step) then take at most 3 × 32 MiB beside the model (all 32 512×512 attention
+# matrices of LLaMA-60M in one chunk). On CUDA a bucket is never chunked: every chunk costs its own
+# few dozen kernel launches, and the temporaries are small beside an accelerator's memory.
 FOREACH_CHUNK_NUMEL = 1 << 23
 
 
-def foreach_chunks(bucket: list[Tensor], numel: int) -> Iterator[list[Tensor]]:
-    """Consecutive slices of ``bucket`` that stack into at most :data:`FOREACH_CHUNK_NUMEL` elements.
+def chunk_slices(k: int, numel: int, device: torch.device) -> list[slice]:
+    """Consecutive slices of a bucket of ``k`` same-shape matrices of ``numel`` elements each.
 
-    ``bucket`` holds same-shape matrices of ``numel`` elements each; a slice has one matrix at least.
+    On CUDA one slice (the whole bucket); elsewhere slices that stack into at most
+    :data:`FOREACH_CHUNK_NUMEL` elements (one matrix at least).
     """
+    if device.type == "cuda":
+        return [slice(0, k)]
     per_chunk = max(1, FOREACH_CHUNK_NUMEL // numel)
-    for i in range(0, len(bucket), per_chunk):
-        yield bucket[i : i + per_chunk]
+    return [slice(i, min(i + per_chunk, k)) for i in range(0, k, per_chunk)]
 
 
-def store_stacked(bufs: list[Tensor], value: Tensor) -> None:
-    """Write the slices of a stacked ``value`` (leading dim = ``len(bufs)``) back into ``bufs``."""
-    torch._foreach_copy_(bufs, list(value.unbind(0)))
+def bank_slice(bank: dict[str, Tensor], part: slice, k: int) -> dict[str, Tensor]:
+    """The ``part`` of every stacked state tensor (the bank itself when ``part`` covers all ``k``)."""
+    if part.start == 0 and part.stop == k:
+        return bank
+    return {key: value[part] for key, value in bank.items()}
 
 
 def foreach_add_scaled(params: list[Tensor], updates: list[Tensor], scale: float | Tensor) -> None:
@@ -471,7 +628,14 @@ class RACS(MatrixOptimizer):
         state_dtype: Dtype of ``s``, ``q`` (default: the parameter's).
         foreach: Update same-shape matrices together (stacked, batched products) instead of one by
             one; ``None`` (default): on when every parameter of the group is on CUDA, where the
-            per-matrix loop is bound by kernel launches. The two agree to rounding.
+            per-matrix loop is bound by kernel launches. The two agree to rounding. The stacked
+            state lives in one bank per shape; each matrix's ``state`` entries are its slices.
+        check_finite: How a NaN/inf gradient is caught. ``"eager"``: one host read per step, and the
+            step raises :class:`~curvopt.errors.NonFiniteError` before anything changes;
+            ``"deferred"``: no host read — the step computes a device flag, writes nothing where it
+            is set, and :meth:`raise_if_nonfinite` (which the training loop calls with its loss
+            read) raises; ``None`` (default): deferred when every gradient is on CUDA and the step
+            is stacked (``foreach``), eager otherwise.
 
     Raises:
         ValueError: On an out-of-range hyperparameter or a non-2-D parameter in a method group.
@@ -515,6 +679,7 @@ class RACS(MatrixOptimizer):
         weight_decay: float = 0.0,
         state_dtype: str | torch.dtype | None = None,
         foreach: bool | None = None,
+        check_finite: str | None = None,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -530,6 +695,7 @@ class RACS(MatrixOptimizer):
             "weight_decay": weight_decay,
             "state_dtype": state_dtype,
             "foreach": foreach,
+            "check_finite": check_finite,
         }
         super().__init__(params, defaults)
 
@@ -608,10 +774,12 @@ class RACS(MatrixOptimizer):
         state["phi"] = torch.zeros((), dtype=phi_dtype, device=p.device)
 
     def _matrix_update_foreach(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        """:meth:`_matrix_update` on stacks of same-shape matrices: batched products and foreach copies.
+        """:meth:`_matrix_update` on stacks of same-shape matrices, in place on the state banks.
 
         The same algorithm as the loop (tested against it and the float64 reference); the sums
-        inside the batched products may run in another order, so results agree to rounding.
+        inside the batched products may run in another order, so results agree to rounding. With
+        ``check_finite="deferred"`` a skipped step zeroes ``G`` (so the weights move by ``0·step``)
+        and keeps every state tensor.
         """
         beta, eps = group["beta"], group["eps"]
         buckets: dict[tuple[Any, ...], list[Tensor]] = {}
@@ -623,33 +791,34 @@ class RACS(MatrixOptimizer):
             warm = bool(group["warm_start"] and state["step"] > 1)
             key = (m, n, p.dtype, state["s"].dtype, state["phi"].dtype, p.device, warm)
             buckets.setdefault(key, []).append(p)
-        for (m, n, *_, warm), bucket in buckets.items():
-            for ps in foreach_chunks(bucket, m * n):
-                states = [self.state[p] for p in ps]
-                cdt = compute_dtype(ps[0])
-                G = torch.stack([p.grad for p in ps]).to(cdt)
+        scale = -group["lr"] * group["alpha"]
+        for (m, n, *_, device, warm), bucket in buckets.items():
+            cdt = compute_dtype(bucket[0])
+            full = self._bank(bucket, ("s", "q", "phi"))
+            for part in chunk_slices(len(bucket), m * n, device):
+                ps = bucket[part]
+                bank = bank_slice(full, part, len(bucket))
+                G = self._sanitized(torch.stack([p.grad for p in ps]).to(cdt))
                 P = G * G
-                s_old = torch.stack([st["s"] for st in states]).to(cdt)
-                q_old = torch.stack([st["q"] for st in states]).to(cdt)
+                S, Q, PHI = bank["s"], bank["q"], bank["phi"]
+                s_old, q_old = S.to(cdt), Q.to(cdt)
                 s_fp, q_fp = racs_fixed_point(P, int(group["n_iter"]), q_old if warm else None)
-                s = s_old.mul_(beta).add_(s_fp, alpha=1 - beta)
-                q = q_old.mul_(beta).add_(q_fp, alpha=1 - beta)
-                store_stacked([st["s"] for st in states], s)
-                store_stacked([st["q"] for st in states], q)
-                a = q.clamp_min(eps).rsqrt_()
-                b = s.clamp_min(eps).rsqrt_()
+                s = s_old.mul(beta).add_(s_fp, alpha=1 - beta)
+                q = q_old.mul(beta).add_(q_fp, alpha=1 - beta)
+                S.copy_(self._gated(s, s_old))
+                Q.copy_(self._gated(q, q_old))
+                a = Q.to(cdt).clamp_min(eps).rsqrt_()  # the kept q in a skipped step: finite
+                b = S.to(cdt).clamp_min(eps).rsqrt_()
                 # ‖G̃‖²_F = (q⁻¹)ᵀ P s⁻¹ per matrix, as in the loop
-                norm = torch.linalg.vecdot(a * a, torch.bmm(P, (b * b).unsqueeze(2)).squeeze(2))
-                norm = norm.clamp_min_(0).sqrt_()
-                phi_list = [st["phi"] for st in states]
-                phi = torch.stack(phi_list)
+                norm = torch.bmm(torch.bmm((a * a).unsqueeze(1), P), (b * b).unsqueeze(2))
+                norm = norm.view(len(ps)).clamp_min_(0).sqrt_()
                 if group["limiter"]:
-                    eta = limiter_eta(norm.to(phi.dtype), phi, group["gamma"])
-                    store_stacked(phi_list, eta * norm)
+                    eta = limiter_eta(norm.to(PHI.dtype), PHI, group["gamma"])
+                    PHI.copy_(self._gated(eta * norm, PHI))
                 else:
-                    eta = torch.ones_like(phi)
-                    store_stacked(phi_list, norm)
-                a.mul_((eta.to(cdt) * (-group["lr"] * group["alpha"])).unsqueeze(1))
+                    eta = torch.ones_like(PHI)
+                    PHI.copy_(self._gated(norm.to(PHI.dtype), PHI))
+                a.mul_((eta.to(cdt) * scale).unsqueeze(1))
                 step = torch.mul(a.unsqueeze(2), b.unsqueeze(1), out=P)  # P is no longer needed
                 torch._foreach_addcmul_(ps, list(G.unbind(0)), list(step.unbind(0)))
 

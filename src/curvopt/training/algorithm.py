@@ -139,6 +139,14 @@ class TorchOptimizerAlgorithm(AlgorithmBase):
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
+        pending = getattr(self.optimizer, "nonfinite_pending", None)
+        if isinstance(pending, Tensor) and isinstance(loss, Tensor):
+            # the loss read the loop makes anyway carries the optimizer's deferred finiteness flag
+            # (check_finite="deferred", curvopt.optim.MatrixOptimizer): one host read for both
+            value, skipped = torch.stack([loss.detach().float().reshape(()), pending.float()]).tolist()
+            if skipped:
+                self.optimizer.raise_if_nonfinite()
+            return {"loss": value, "lr": lr, **info}
         return {"loss": float(loss.detach()), "lr": lr, **info}
 
     def state_dict(self) -> dict[str, Any]:

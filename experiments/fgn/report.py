@@ -53,8 +53,10 @@ def fgn_fig2(ctx: Context) -> ItemResult:
     checks, notes, rows = {}, [], []
     timing = folder / "timing.jsonl"
     device = "?"
+    incomplete = ""
     if timing.exists():
         t = pd.DataFrame([json.loads(line) for line in timing.read_text().splitlines() if line.strip()])
+        incomplete = _timing_incomplete(folder, t)
         t = t[t["status"] == "ok"]
         if not t.empty:
             device = ", ".join(sorted(set(t.get("device", t.get("device_kind")).astype(str))))
@@ -113,6 +115,30 @@ def fgn_fig2(ctx: Context) -> ItemResult:
         figures=figs,
         notes=notes,
         provenance=f"profile {profile}; device {device}",
+        complete=not incomplete,
+        incomplete=incomplete,
+    )
+
+
+def _timing_incomplete(folder: Any, timing: pd.DataFrame) -> str:
+    """Why a Figure 2a timing record is short of the cells its ``config.json`` asked for ("": it is not).
+
+    The driver times (method, C, repeat) cells one by one and records each as it finishes; a
+    session that ends first (a GPU lease's deadline) leaves the rest untimed.
+    """
+    config = folder / "config.json"
+    if not config.exists():
+        return ""
+    try:
+        asked = json.loads(config.read_text()).get("timing") or {}
+        expected = len(asked["classes"]) * len(asked["methods"]) * int(asked.get("repeats", 1))
+    except (ValueError, KeyError, TypeError):
+        return ""
+    done = len(timing)
+    if done >= expected:
+        return ""
+    return (
+        f"{done} of {expected} (method, C, repeat) timing cells recorded; the session ended before the rest"
     )
 
 

@@ -15,6 +15,7 @@ from experiments.report.core import (
     Context,
     Item,
     ItemResult,
+    apply_twin_rule,
     evaluate,
     load_tolerances,
     write_html,
@@ -63,7 +64,7 @@ def build_report(
     results = Path(results)
     ctx = Context(results=results, tolerances=load_tolerances(tolerances))
     chosen = [i for i in (items or ITEMS) if papers is None or i.paper in papers]
-    evaluated = [(item, evaluate(item, ctx)) for item in chosen]
+    evaluated = apply_twin_rule([(item, evaluate(item, ctx)) for item in chosen])
     header = "\n".join(
         [
             "# Reproduction report",
@@ -76,7 +77,10 @@ def build_report(
             "Statuses: **reproduced** = paper-scale run within the tolerance in "
             "`experiments/report/tolerances.yaml`; **qualitatively reproduced** = the paper's claim "
             "(ordering/shape) holds in our runs; **not yet run at paper scale** = only quick-profile "
-            "runs, claim not (yet) seen; **different** = a paper-scale run misses the claim (gap given). "
+            "runs, claim not (yet) seen, or seen only there while a paper-scale run of the same claim "
+            "misses it; **in progress** = the records judged were cut short (a deadline, a run still "
+            "going), so a miss is not counted; **different** = a complete paper-scale run misses the "
+            "claim (gap given). "
             "Quick-profile runs are short CPU runs on small data/models: they are never the paper's scale.",
         ]
     )

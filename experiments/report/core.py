@@ -15,6 +15,11 @@ Status rules (see ``experiments/report/tolerances.yaml`` for the per-item number
 * quick profile, the qualitative claim holds -> ``qualitatively reproduced``;
 * quick profile otherwise (no claim check, or it fails) -> ``not yet run at paper scale`` (the
   gap is still printed: a quick-profile miss is not evidence against the paper);
+* a quick-profile claim whose paper-scale twin (the same figure or table of the same paper on
+  another dataset) reads ``different`` -> ``not yet run at paper scale``, never ``qualitatively
+  reproduced`` (:func:`apply_twin_rule`);
+* records cut short (a deadline, a run still going: ``ItemResult.complete`` false) ->
+  ``in progress``, never ``different``;
 * no records -> ``not run`` with the command.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +42,16 @@ from curvopt.analysis.records import RUNNING_OR_KILLED, load_summaries
 REPRODUCED = "reproduced"
 QUALITATIVE = "qualitatively reproduced"
 NOT_PAPER_SCALE = "not yet run at paper scale"
+IN_PROGRESS = "in progress"
 DIFFERENT = "different"
 NOT_RUN = "not run"
 ERROR = "error"
-STATUSES = (REPRODUCED, QUALITATIVE, NOT_PAPER_SCALE, DIFFERENT, NOT_RUN, ERROR)
+STATUSES = (REPRODUCED, QUALITATIVE, NOT_PAPER_SCALE, IN_PROGRESS, DIFFERENT, NOT_RUN, ERROR)
 BADGES = {
     REPRODUCED: "✅",
     QUALITATIVE: "🟢",
     NOT_PAPER_SCALE: "🟡",
+    IN_PROGRESS: "⏳",
     DIFFERENT: "❌",
     NOT_RUN: "⚪",
     ERROR: "⚠️",
@@ -67,6 +75,9 @@ class ItemResult:
         gap: The measured gap to the paper, in one line (``""``: none to report).
         provenance: Where "ours" comes from: profile, device, seeds and run count (see
             :func:`provenance`).
+        complete: ``False`` when the records judged were cut short (a deadline stopped the
+            measurement, a run is still going): a miss is then ``in progress``, not ``different``.
+        incomplete: Why they are not complete, one line (shown as a note).
     """
 
     status: str
@@ -75,6 +86,8 @@ class ItemResult:
     notes: list[str] = field(default_factory=list)
     gap: str = ""  # the measured gap, one line
     provenance: str = ""  # profile / device / seeds of "ours"
+    complete: bool = True
+    incomplete: str = ""
 
 
 @dataclass
@@ -374,11 +387,77 @@ def evaluate(item: Item, ctx: Context) -> ItemResult:
         )
     if result.status not in STATUSES:
         raise ValueError(f"{item.paper}/{item.key}: unknown status {result.status!r}")
+    if not result.complete:
+        if result.status == DIFFERENT:
+            result.status = IN_PROGRESS  # a partial record says nothing against the paper yet
+        result.notes.insert(
+            0,
+            f"**in progress**: {result.incomplete or 'the records are incomplete'}; "
+            f"finish with `{item.make}`",
+        )
     if result.status == NOT_PAPER_SCALE:
         result.notes.append(f"paper scale: `{item.make} SCALE=paper` (the papers' settings; a GPU for most)")
     if item.title.startswith("Figure") and not result.figures:
         result.notes.append(f"figure not drawn from these records yet: `{item.make}`")
     return result
+
+
+def result_profile(result: ItemResult) -> str | None:
+    """The profile a result judged, read from its provenance (``profile quick; device ...``).
+
+    Args:
+        result: An evaluated item.
+
+    Returns:
+        ``paper``, ``quick``, ... or ``None`` when the provenance names none; ``paper`` for the
+        items judged at the paper's settings without a profile (``paper settings (...)``).
+    """
+    text = result.provenance or ""
+    if text.startswith("paper settings") or "at the paper's sizes" in text:
+        return "paper"
+    match = re.search(r"\bprofile ([A-Za-z_]+)", text)
+    return match.group(1) if match else None
+
+
+def claim_label(item: Item) -> str:
+    """The claim an item checks, without its dataset: ``Figure 3 (MNIST)`` -> ``Figure 3``."""
+    return re.sub(r"\s*\([^)]*\)", "", item.title.split(":")[0]).replace(" row", "").strip()
+
+
+def apply_twin_rule(evaluated: list[tuple[Item, ItemResult]]) -> list[tuple[Item, ItemResult]]:
+    """A quick-profile ``qualitatively reproduced`` whose paper-scale twin reads ``different`` is not.
+
+    Twins are the items of one paper that check the same figure or table (:func:`claim_label`),
+    e.g. SHF Figure 3 on MNIST, USPS and CURVES-like. When a paper-scale twin misses the claim, a
+    quick-profile pass of it becomes ``not yet run at paper scale``, with a note naming the twin.
+
+    Args:
+        evaluated: ``(item, result)`` pairs; results are changed in place.
+
+    Returns:
+        ``evaluated``.
+    """
+    for item, res in evaluated:
+        if res.status != QUALITATIVE or result_profile(res) == "paper":
+            continue
+        twins = [
+            other.title.split(":")[0]
+            for other, ores in evaluated
+            if other is not item
+            and other.paper == item.paper
+            and claim_label(other) == claim_label(item)
+            and ores.status == DIFFERENT
+            and result_profile(ores) == "paper"
+        ]
+        if twins:
+            res.status = NOT_PAPER_SCALE
+            res.notes.insert(
+                0,
+                f"the claim holds in the {result_profile(res) or 'short'}-profile runs, but at the paper's "
+                f"settings {', '.join(twins)} read{'s' if len(twins) == 1 else ''} **different**: "
+                "not counted as qualitatively reproduced",
+            )
+    return evaluated
 
 
 # -- writers -----------------------------------------------------------------------------------------------
@@ -423,13 +502,14 @@ def bench_section(results: Path) -> tuple[str, str, pd.DataFrame] | None:
 
     Returns:
         ``(title, note, table)``: the table keeps the columns ``paper``, ``task``, ``optimizer``,
-        ``step / Adam``, ``state / Adam`` and ``notes`` where present, and is empty when the file
+        ``device``, ``step / Adam``, ``state / Adam`` and ``notes`` where present, and is empty when the file
         is missing or unreadable.
     """
     path = results / "tables" / "bench_cross_paper.csv"
     note = (
         "Step time and optimizer-state memory relative to Adam on the same task, from the `benchmarks/` "
-        "scripts' JSON (`make bench`; quick mode on a shared 2-core CPU: contended timings, see notes)."
+        "scripts' JSON (`make bench`), each row on the device it names: CPU rows in quick mode on a shared "
+        "2-core CPU (contended timings, see notes), GPU rows from the lent GPU's runs."
     )
     if not path.exists():
         return "Cross-paper cost vs Adam", note, pd.DataFrame()
@@ -437,7 +517,11 @@ def bench_section(results: Path) -> tuple[str, str, pd.DataFrame] | None:
         frame = pd.read_csv(path)
     except (OSError, ValueError, pd.errors.EmptyDataError):
         frame = pd.DataFrame()
-    keep = [c for c in ("paper", "task", "optimizer", "step / Adam", "state / Adam", "notes") if c in frame]
+    keep = [
+        c
+        for c in ("paper", "task", "optimizer", "device", "step / Adam", "state / Adam", "notes")
+        if c in frame
+    ]
     return "Cross-paper cost vs Adam", note, frame[keep] if keep else frame
 
 

@@ -12,7 +12,9 @@ The recurrences, including the estimates of ‖r̄‖ (extra rotations on β̈/�
 ‖Āᵀr̄‖ = |ζ̄|, follow Fong & Saunders' paper as SciPy implements them, so with merit stopping off the
 iterates, ``istop`` and ``itn`` match SciPy's (tests/curvature/test_shf_lsmr.py). All recurrence scalars are
 python floats (float64) whatever the vector dtype: the bidiagonalisation accumulates round-off and
-the paper ran in Float64.
+the paper ran in Float64. An iteration reads the device once: ``‖u‖`` and ``‖v‖`` stacked (the
+normalisations divide by them on the device); SciPy's tests take ``‖x‖`` along with the next
+iteration's read, and the validation merit, when given, is read at its scheduled iterations.
 
 Problem solved (``A`` is m×n, ``c`` the optional right preconditioner, ``damp`` = λ)::
 
@@ -307,10 +309,23 @@ def lsmr(
         print(f"LSMR: {prob.m}x{prob.n}, damp={damp:.3e}, atol={atol:.1e}, maxiter={maxiter}")
     ctol = 1.0 / conlim if conlim > 0 else 0.0
 
+    # One host read per iteration: ‖u‖ and ‖v‖ of the bidiagonalisation, stacked. SciPy's tests
+    # also need ‖x_k‖; it rides on the next iteration's read (the test of iteration k is decided
+    # there, before anything of iteration k+1 reaches the state or x), and is read on its own only
+    # after the last iteration. A stop found that way costs the next iteration's two products.
     itn, istop = 0, 0
+    pending: Tensor | None = None  # ‖x_itn‖ on the device, awaiting SciPy's tests of iteration itn
+    pending_test2 = math.nan
     while itn < maxiter:
+        norms = _bidiagonalise_device(s, prob)
+        host = torch.stack(norms if pending is None else [*norms, pending]).tolist()
+        if pending is not None:
+            istop = _scipy_stop_code(s, itn, pending_test2, normb, host[2], atol, btol, ctol, maxiter, show)
+            pending = None
+            if istop:
+                break
         itn += 1
-        _bidiagonalise(s, prob)
+        _bidiagonalise_host(s, host[0], host[1])
         rot = _rotate(s, damp)
         _update_iterate(s, rot)
         _estimate_residual_norm(s, rot)
@@ -321,8 +336,10 @@ def lsmr(
             istop = 11
         elif tracker is not None:
             istop = _merit_stop_code(tracker, s, itn, test2, atol, maxiter)
+        elif itn >= maxiter:
+            istop = _scipy_stop_code(s, itn, test2, normb, _norm(s.x), atol, btol, ctol, maxiter, show)
         else:
-            istop = _scipy_stop_code(s, itn, test2, normb, atol, btol, ctol, maxiter, show)
+            pending, pending_test2 = torch.linalg.vector_norm(s.x), test2
         if istop:
             break
     return _finish(prob, s, tracker, istop, itn, show)
@@ -330,7 +347,7 @@ def lsmr(
 
 # -- LSMR's phases ---------------------------------------------------------------------------------
 # One iteration of Fong & Saunders' LSMR, in their notation and SciPy's order:
-#   _bidiagonalise            Golub–Kahan: β_{k+1} u_{k+1} = A v_k − α_k u_k, α_{k+1} v_{k+1} = Aᵀu_{k+1} − β_{k+1} v_k
+#   _bidiagonalise_*          Golub–Kahan: β_{k+1} u_{k+1} = A v_k − α_k u_k, α_{k+1} v_{k+1} = Aᵀu_{k+1} − β_{k+1} v_k
 #   _rotate                   P̂_k (damping), P_k (B → R) and P̄_k (Rᵀ → R̄): ρ, ρ̄, θ, θ̄, ζ, ζ̄
 #   _update_iterate           h̄_k, x_k, h_{k+1}
 #   _estimate_residual_norm   ‖r̄_k‖ from Q̂, Q and Q̃ applied to the right-hand side
@@ -370,7 +387,7 @@ class _Problem:
         c = None if precond is None else torch.as_tensor(precond, dtype=dtype, device=device).reshape(-1)
         if c is not None:
             # v ↦ A(c∘v) through one scratch vector (no per-iteration allocation); the c∘ of
-            # u ↦ c∘Aᵀu is fused into the bidiagonalisation update (_bidiagonalise)
+            # u ↦ c∘Aᵀu is applied in the bidiagonalisation update (_bidiagonalise_device)
             scratch = torch.empty(n, dtype=dtype, device=device)
             mv0 = matvec
             matvec = lambda v: mv0(torch.mul(c, v, out=scratch))
@@ -451,15 +468,15 @@ def _initialise(prob: _Problem, x0: Any) -> tuple[_LSMRState, float]:
     """
     dtype, device, n = prob.b.dtype, prob.b.device, prob.n
     u = prob.b.clone()
-    normb = _norm(prob.b)
     if x0 is None:
         x = torch.zeros(n, dtype=dtype, device=device)
-        beta = normb
+        normb = beta = _norm(prob.b)
     else:
         x = torch.as_tensor(np.asarray(x0) if prob.numpy_mode else x0).to(dtype=dtype, device=device)
         x = x.reshape(-1).clone()
         u = u - prob.matvec(x).to(dtype)
-        beta = _norm(u)
+        # ‖b‖ and ‖b − A x0‖ in one read
+        normb, beta = torch.stack([torch.linalg.vector_norm(prob.b), torch.linalg.vector_norm(u)]).tolist()
     if beta > 0:
         u.mul_(1.0 / beta)
         vt = prob.rmatvec(u).to(dtype=dtype, copy=True)
@@ -505,26 +522,42 @@ def _initialise(prob: _Problem, x0: Any) -> tuple[_LSMRState, float]:
     return state, normb
 
 
-def _bidiagonalise(s: _LSMRState, prob: _Problem) -> None:
-    """Golub–Kahan step: β u ← A v − α u, then α v ← c∘Aᵀu − β v, with v = sv·vt.
+def _bidiagonalise_device(s: _LSMRState, prob: _Problem) -> list[Tensor]:
+    """Golub–Kahan step on the device: β u ← A v − α u, then α v ← c∘Aᵀu − β v, with v = sv·vt.
 
-    ``beta == 0`` (or ``alpha == 0``) is the breakdown the stopping rules look for; α and v are
-    then left as they were.
+    ``β = |sv|·‖u‖`` stays on the device here: ``u ← sign(sv)·u/‖u‖`` and
+    ``vt ← vt − c∘Aᵀu/(β·sv)`` divide by the 0-d tensor ``d = sign(sv)·‖u‖`` (``β·sv = sv²·d``).
+    A zero ``‖u‖`` (breakdown) is clamped to the smallest normal number: u is then 0, so ``Aᵀu = 0``
+    and vt keeps its value, as the stopping rules expect. :func:`_bidiagonalise_host` finishes the
+    step with the two norms read back.
+
+    Returns:
+        ``[‖u‖, ‖vt‖]`` as 0-d device tensors, to be read in one go.
     """
     # u ← (A vt − (alpha/sv) u) = (A v − alpha u)/sv, one fused pass (operator outputs are read,
     # never modified, so operators may return a reused buffer)
     torch.add(prob.matvec(s.vt), s.u, alpha=-s.alpha / s.sv, out=s.u)
-    nu = _norm(s.u)
+    nu = torch.linalg.vector_norm(s.u)
+    d = torch.clamp_min(nu, torch.finfo(nu.dtype).tiny)
+    if s.sv < 0:
+        d = d.neg()
+    s.u.div_(d)
+    # vt ← vt − c∘Aᵀu/(beta·sv) = −(c∘Aᵀu − beta·v)/(beta·sv)
+    atu = prob.rmatvec(s.u)
+    if prob.c is not None:
+        atu = torch.mul(atu, prob.c)
+    s.vt.addcdiv_(atu, d, value=-1.0 / (s.sv * s.sv))
+    return [nu, torch.linalg.vector_norm(s.vt)]
+
+
+def _bidiagonalise_host(s: _LSMRState, nu: float, nv: float) -> None:
+    """β = |sv|·‖u‖, α = |β·sv|·‖vt‖ and the new sv from the norms :func:`_bidiagonalise_device` read.
+
+    ``beta == 0`` (or ``alpha == 0``) is the breakdown the stopping rules look for; α and v are
+    then left as they were.
+    """
     s.beta = abs(s.sv) * nu
     if s.beta > 0:
-        s.u.mul_(math.copysign(1.0, s.sv) / nu)
-        # vt ← vt − c∘Aᵀu/(beta·sv) = −(c∘Aᵀu − beta·v)/(beta·sv)
-        scale = -1.0 / (s.beta * s.sv)
-        if prob.c is None:
-            s.vt.add_(prob.rmatvec(s.u), alpha=scale)
-        else:
-            s.vt.addcmul_(prob.rmatvec(s.u), prob.c, value=scale)
-        nv = _norm(s.vt)
         s.alpha = abs(s.beta * s.sv) * nv
         s.sv = -math.copysign(1.0, s.sv) / nv if nv > 0 else 1.0
 
@@ -689,6 +722,7 @@ def _scipy_stop_code(
     itn: int,
     test2: float,
     normb: float,
+    normx: float,
     atol: float,
     btol: float,
     ctol: float,
@@ -697,11 +731,12 @@ def _scipy_stop_code(
 ) -> int:
     """SciPy's stopping rules without a merit; a later (lower-numbered) test overrides an earlier one.
 
+    ``normx`` is ``‖x_itn‖``, read by the caller (with the next iteration's norms).
+
     Returns:
         The ``istop`` code, 0 to go on (10 when the Krylov space is exhausted without a test
         firing, which cannot happen in exact arithmetic and is kept as a guard).
     """
-    normx = _norm(s.x)
     test1 = s.normr / normb
     test3 = 1.0 / s.conda
     t1 = test1 / (1.0 + s.norma * normx / normb)
@@ -771,17 +806,26 @@ def _lsmr_damped_toward_zero(
     lam = float(damp)
     c = None if precond is None else torch.as_tensor(precond, dtype=b_t.dtype, device=b_t.device).reshape(-1)
     out = torch.empty(m + n, dtype=b_t.dtype, device=b_t.device)
+    out_top, out_bottom = out[:m], out[m:]  # views built once, not per product
     scratch = torch.empty(n, dtype=b_t.dtype, device=b_t.device)
+    halves: dict[tuple, tuple[Tensor, Tensor]] = {}  # LSMR passes the same u storage every time
 
     def mv(v: Tensor) -> Tensor:
-        out[:m] = matvec(v if c is None else torch.mul(c, v, out=scratch)).reshape(-1)
-        torch.mul(v, lam, out=out[m:])
+        av = matvec(v if c is None else torch.mul(c, v, out=scratch))
+        out_top.copy_(av if av.dim() == 1 else av.reshape(-1))
+        torch.mul(v, lam, out=out_bottom)
         return out
 
     def rmv(u: Tensor) -> Tensor:
-        top = rmatvec(u[:m])
-        top = top * c if c is not None else top.clone()
-        return top.add_(u[m:], alpha=lam)
+        key = (u.data_ptr(), u.stride())
+        if key not in halves:
+            halves.clear()
+            halves[key] = (u[:m], u[m:])
+        u_top, u_bottom = halves[key]
+        top = rmatvec(u_top)
+        if c is not None:
+            return (top * c).add_(u_bottom, alpha=lam)
+        return torch.add(top, u_bottom, alpha=lam)
 
     b_aug = torch.cat([b_t, torch.zeros(n, dtype=b_t.dtype, device=b_t.device)])
     res = lsmr((mv, rmv, (m + n, n)), b_aug, damp=0.0, x0=x0, **kw)

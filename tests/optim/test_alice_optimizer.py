@@ -483,11 +483,14 @@ def _foreach_pair(dtype, steps=7, **kw):
         {"betas": (0.9, 0.9, 0.0)},
         {"compensation": "none"},
         {"bias_correction": True, "weight_decay": 0.1},
+        {"moments_on_switch": "reset", "reproject_qtilde": False},
+        {"switch": "none", "subspace_steps": 2},
     ],
-    ids=["alice", "alice0", "no_compensation", "bias_correction_wd"],
+    ids=["alice", "alice0", "no_compensation", "bias_correction_wd", "reset_no_reproject", "switch_none"],
 )
 def test_foreach_matches_the_loop_float64(kw):
-    """K = 3: steps 1, 3, 6 are refreshes (looped), 2, 4, 5, 7 plain (stacked, k = 3 and 2 per shape)."""
+    """K = 3: step 1 is the EVD start (looped), 3 and 6 refreshes and 2, 4, 5, 7 plain steps (both
+    stacked, k = 3 and 2 per shape)."""
     a, b, oa, ob = _foreach_pair(torch.float64, **kw)
     for pa, pb in zip(a, b):
         torch.testing.assert_close(pb, pa, rtol=1e-10, atol=1e-12)

@@ -79,13 +79,13 @@ def canonical_signs(U: Tensor) -> Tensor:
     NumPy reference in the tests follow the same path).
 
     Args:
-        U: A matrix whose columns are eigenvectors.
+        U: A matrix whose columns are eigenvectors, or a ``(k, m, r)`` stack of them.
 
     Returns:
         ``U`` with columns multiplied by ±1.
     """
-    idx = U.abs().argmax(dim=0, keepdim=True)
-    sign = torch.gather(U, 0, idx)
+    idx = U.abs().argmax(dim=-2, keepdim=True)
+    sign = torch.gather(U, -2, idx)
     return U * torch.where(sign < 0, -1.0, 1.0).to(U.dtype)  # a zero column keeps its sign: +1
 
 
@@ -614,25 +614,87 @@ class Alice(MatrixOptimizer):
         differently.
         """
         fused = self._stacked_plain_step(group)
+        batched_refresh = fused and group["switch"] in ("complement", "none")
         buckets: dict[tuple[Any, ...], list[Tensor]] = {}
         for p in params:
             state = self.state[p]
-            if not fused or not self._is_plain(p, group):
+            plain = fused and self._is_plain(p, group)
+            refresh = batched_refresh and bool(state) and state["step"] > 0 and not plain
+            if not (plain or refresh):
                 self._matrix_update(p, p.grad, state, group)
                 continue
             m, n, transposed = self.oriented_shape(tuple(p.shape), group["project_side"])
             qt = state.get("Qt")
             key = (m, n, transposed, p.dtype, p.device, state["step"] + 1, state["U"].dtype,
-                   state["exp_avg"].dtype, None if qt is None else qt.dtype)  # fmt: skip
+                   state["exp_avg"].dtype, None if qt is None else qt.dtype, refresh)  # fmt: skip
             buckets.setdefault(key, []).append(p)
-        for (m, n, transposed, _pdt, device, *_), bucket in buckets.items():
+        for (m, n, transposed, _pdt, device, *_, refresh), bucket in buckets.items():
             keys = ("U", "exp_avg", "exp_avg_sq", "p", "phi") + (
                 ("Qt",) if "Qt" in self.state[bucket[0]] else ()
             )
             full = self._bank(bucket, keys)
             for part in chunk_slices(len(bucket), m * n, device):
                 bank = bank_slice(full, part, len(bucket))
-                self._plain_steps_stacked(bucket[part], bank, group, m, n, transposed)
+                fresh = self._refresh_stacked(bucket[part], bank, group, m, transposed) if refresh else {}
+                self._plain_steps_stacked(bucket[part], bank, group, m, n, transposed, fresh)
+
+    def _refresh_stacked(
+        self, ps: list[Tensor], bank: dict[str, Tensor], group: dict[str, Any], m: int, transposed: bool
+    ) -> dict[str, Tensor]:
+        """The basis refresh of :meth:`_matrix_update` (t ≡ 0 mod K) for k same-shape matrices at once.
+
+        Subspace iteration with Rayleigh–Ritz, the Switch (``"complement"`` or ``"none"``), the
+        ``Q̃`` re-projection and the moment reset, on ``(k, ·, ·)`` stacks: batched ``bmm``/``qr``/
+        ``eigh``; each matrix keeps its own seeded complement draw (drawn on the CPU, moved in one
+        copy). Writes ``U`` (and resets the moments) in ``bank``; returns the new ``U`` and ``Q̃`` in the
+        compute dtype, which the plain step that follows uses (as the loop does, unrounded).
+        """
+        cdt = compute_dtype(ps[0])
+        r = min(int(group["rank"]), m)
+        lead = min(int(group["leading"]), r)
+        b3 = group["betas"][2]
+        G = torch.stack([p.grad for p in ps]).to(cdt)
+        G = G.mT if transposed else G  # k×m×n
+        U_old = bank["U"].to(cdt)
+        Qt = bank["Qt"].to(cdt) if "Qt" in bank else None
+
+        def matvec(X: Tensor) -> Tensor:
+            out = torch.bmm(G, torch.bmm(G.mT, X)).mul_(1 - b3)
+            if Qt is not None and b3 > 0:
+                out.baddbmm_(U_old, torch.bmm(Qt, torch.bmm(U_old.mT, X)), alpha=b3)
+            return out
+
+        U = U_old
+        for _ in range(int(group["subspace_steps"])):
+            U, _ = torch.linalg.qr(matvec(U))
+        V = torch.bmm(U.mT, matvec(U))
+        evals, evecs = torch.linalg.eigh(0.5 * (V + V.mT))
+        order = torch.argsort(evals, dim=-1, descending=True)
+        evecs = torch.gather(evecs, -1, order.unsqueeze(-2).expand_as(evecs))
+        Up = canonical_signs(torch.bmm(U, evecs))
+        states = [self.state[p] for p in ps]
+        if group["switch"] == "complement" and r < m:
+            k_draw = min(r - lead, m - r)  # complement directions actually available
+            Qfull, _ = torch.linalg.qr(Up, mode="complete")
+            draws = [
+                sample_indices(switch_generator(st["seed"], st["n_switch"]), m - r, k_draw) for st in states
+            ]
+            idx = torch.stack(draws).to(Up.device)  # k × k_draw
+            picked = torch.gather(Qfull[..., r:], -1, idx.unsqueeze(-2).expand(-1, m, -1))
+            U = torch.cat([Up[..., : r - k_draw], picked], dim=-1)
+        else:
+            U = Up
+        for st in states:
+            st["n_switch"] += 1
+        fresh = {"U": U}
+        if Qt is not None and group["reproject_qtilde"]:
+            R = torch.bmm(U.mT, U_old)
+            fresh["Qt"] = torch.bmm(torch.bmm(R, Qt), R.mT)
+        if group["moments_on_switch"] == "reset":
+            bank["exp_avg"].zero_()
+            bank["exp_avg_sq"].zero_()
+        bank["U"].copy_(U)
+        return fresh
 
     def _plain_steps_stacked(
         self,
@@ -642,8 +704,11 @@ class Alice(MatrixOptimizer):
         m: int,
         n: int,
         transposed: bool,
+        fresh: dict[str, Tensor] | None = None,
     ) -> None:
         """One plain step of :meth:`_matrix_update` for k same-shape matrices, on their state ``bank``.
+
+        ``fresh`` holds the ``U`` (and ``Q̃``) a refresh has just made, in the compute dtype.
 
         With ``check_finite="deferred"`` a skipped step zeroes ``G``, keeps every state tensor and
         moves no weight.
@@ -661,10 +726,11 @@ class Alice(MatrixOptimizer):
 
         G = torch.stack([p.grad for p in ps]).to(cdt)  # k × rows × cols, as stored
         G = self._sanitized(G.mT if transposed else G)  # k×m×n
-        U = bank["U"].to(cdt)  # k×m×r
+        fresh = fresh or {}
+        U = fresh["U"] if "U" in fresh else bank["U"].to(cdt)  # k×m×r
         sigma = torch.bmm(U.mT, G)  # k×r×n
         if "Qt" in bank:
-            Qt = bank["Qt"].to(cdt)
+            Qt = fresh["Qt"] if "Qt" in fresh else bank["Qt"].to(cdt)
             update("Qt", torch.baddbmm(Qt, sigma, sigma.mT, beta=b3, alpha=1 - b3), Qt)
         m_old, v_old = bank["exp_avg"].to(cdt), bank["exp_avg_sq"].to(cdt)
         m1 = m_old.mul(b1).add_(sigma, alpha=1 - b1)

@@ -113,44 +113,43 @@ def fixed_length_cg(
     def norm64(sq: Tensor) -> Tensor:  # sqrt(max(sq, 0)) in float64, as cg's Python floats
         return sq.to(torch.float64).clamp_min(0.0).sqrt()
 
-    converged, maxiter_code, negative, breakdown = (STOP_REASONS.index(k) for k in STOP_REASONS)
+    inf = math.inf
     x = torch.zeros_like(b) if x0 is None else x0.clone().to(b)
     r = b.clone() if x0 is None else b - matvec(x)
     b_norm = norm64(dot(b, b))
     threshold = b_norm * tol
-    rr = dot(r, r)
-    rnorm = norm64(rr)
-    finite = torch.isfinite(rnorm)
-    done = torch.logical_not(finite) | (rnorm <= threshold)
-    code = torch.where(finite, converged, breakdown)
+    rz = dot(r, r)
+    rnorm = norm64(rz)
+    # active: cg has not returned. While active, rz = rᵀr is finite and > 0 (rnorm > threshold ≥ 0)
+    # and p is finite, so a masked update (α = 0) leaves x exactly as it is.
+    active = (rnorm > threshold) & (rnorm < inf)
     iters = torch.zeros((), dtype=torch.long, device=b.device)
-    rz = rr
+    last_pap = torch.full((), math.nan, dtype=rz.dtype, device=b.device)
     p = r.clone()
-    one = torch.ones((), dtype=rz.dtype, device=b.device)
     for _ in range(maxiter):
-        rz_ok = (rz > 0) & torch.isfinite(rz)
         ap = matvec(p)
         pap = dot(p, ap)
-        pap_finite = torch.isfinite(pap)
-        bad = torch.logical_not(rz_ok) | torch.logical_not(pap_finite) | (pap <= 0)
-        newly = torch.logical_not(done) & bad
-        code = torch.where(newly, torch.where(rz_ok & pap_finite, negative, breakdown), code)
-        done = done | bad
-        step = torch.logical_not(done)
-        alpha = torch.where(step, rz / torch.where(step, pap, one), 0.0)
-        x = torch.where(step, x + alpha * p, x)
-        r = torch.where(step, r - alpha * ap, r)
-        rr_new = dot(r, r)
-        rnorm = torch.where(step, norm64(rr_new), rnorm)
-        iters = iters + step.long()
-        stop_now = step & (rnorm <= threshold)
-        code = torch.where(stop_now, converged, code)
-        done = done | stop_now
-        go_on = torch.logical_not(done)
-        beta = torch.where(go_on, rr_new / torch.where(go_on, rz, one), 0.0)
-        p = torch.where(go_on, r + beta * p, p)
-        rz = torch.where(go_on, rr_new, rz)
-    code = torch.where(done, code, maxiter_code)
+        ok = active & (pap > 0) & (pap < inf)  # cg: breakdown if pᵀAp is not finite, else ≤ 0: negative
+        last_pap = torch.where(active, pap, last_pap)
+        alpha = torch.where(ok, rz / pap, 0.0)
+        x = torch.addcmul(x, alpha, p)
+        r = torch.addcmul(r, alpha, ap, value=-1)  # ap may be inf once stopped; r is unused then
+        rr = dot(r, r)
+        rnorm_new = norm64(rr)
+        rnorm = torch.where(ok, rnorm_new, rnorm)
+        iters = iters + ok
+        active = ok & (rnorm_new > threshold) & (rnorm_new < inf)  # converged, or rᵀr not finite
+        p = torch.where(active, torch.addcmul(r, rr / rz, p), p)
+        rz = torch.where(active, rr, rz)
+    # why it stopped: converged ⇔ the last accepted ‖r‖ met the tolerance; a stop on pᵀAp ≤ 0 (finite)
+    # is negative curvature; anything else (non-finite ‖r₀‖, pᵀAp or rᵀr) a breakdown
+    negative = (last_pap <= 0) & (last_pap > -inf)
+    code = torch.where(
+        (rnorm <= threshold) & (rnorm < inf),
+        STOP_REASONS.index("converged"),
+        torch.where(negative, STOP_REASONS.index("negative_curvature"), STOP_REASONS.index("breakdown")),
+    )
+    code = torch.where(active, STOP_REASONS.index("maxiter"), code)
     return x, {"iters": iters, "rnorm": rnorm, "b_norm": b_norm, "stop": code}
 
 

@@ -6,6 +6,12 @@ unfinished run (interrupted, or killed: no summary, or a summary still saying ``
 has a checkpoint is resumed from it, so a long run whose directory was committed with its
 periodic checkpoint continues on another machine; an unfinished run without a checkpoint is
 moved aside (never deleted) and started again.
+
+Before a paper-profile run starts (``--profile paper``, ``make ... SCALE=paper``), the driver lists
+the runs it will start with a time estimate read from the committed records of the same optimizer
+and profile (:func:`estimate`), and asks for confirmation; ``--yes`` or ``YES=1`` in the environment
+answers it for scripts, and without a terminal and without either nothing is started. A dry run
+(``--dry-run``) lists the same plan, each run marked ``would run`` / ``would resume``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,139 @@ from curvopt.errors import EXIT_COMPLETED, EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FINAL_STATUSES = ("completed", "diverged")
+# set once the user agreed to start this process's paper-profile runs (or --yes / YES=1)
+_confirmed = False
+
+
+def yes_from_env() -> bool:
+    """Whether ``YES`` in the environment answers the confirmation (``YES=1``, ``true``, ``yes``)."""
+    return os.environ.get("YES", "").strip().lower() in ("1", "true", "yes", "y")
+
+
+def action_label(action: str, dry_run: bool) -> str:
+    """What a driver prints for a run: ``kept``, ``ran``, ``resumed``; in a dry run ``would run`` /
+    ``would resume`` (nothing was started).
+
+    Args:
+        action: :func:`ensure_run`'s action.
+        dry_run: Whether nothing was started.
+
+    Returns:
+        The label.
+    """
+    if dry_run and action in ("ran", "resumed"):
+        return "would run" if action == "ran" else "would resume"
+    return action
+
+
+def estimate(results_dir: str | Path, experiment: str, optimizer: str, profile: str) -> str:
+    """:func:`estimate_seconds`'s text.
+
+    Args:
+        results_dir: The results directory.
+        experiment: The experiment (its folder under ``results_dir``).
+        optimizer: The optimizer config name.
+        profile: The profile.
+
+    Returns:
+        ``~1.2 h wall, 1.0 h algorithm time on cpu (median of 5 committed runs)``, or a line
+        saying there is no record to estimate from.
+    """
+    return estimate_seconds(results_dir, experiment, optimizer, profile)[1]
+
+
+def estimate_seconds(
+    results_dir: str | Path, experiment: str, optimizer: str, profile: str
+) -> tuple[float | None, str]:
+    """A run's cost, from the committed records of the same optimizer at the same profile.
+
+    The records of ``experiment`` first; without any, those of its sibling experiments (the same
+    name up to the last ``_``: ``shf_fig2_usps`` for ``shf_fig2_mnist``), named in the text.
+
+    Args:
+        results_dir: The results directory.
+        experiment: The experiment (its folder under ``results_dir``).
+        optimizer: The optimizer config name.
+        profile: The profile.
+
+    Returns:
+        ``(wall seconds, text)``: the median wall time (``None`` without a record) and
+        ``~1.2 h wall, 1.0 h algorithm time on cpu (median of 5 committed runs)``, or a line
+        saying there is no record to estimate from.
+    """
+    from curvopt.analysis.records import load_summaries
+
+    root = Path(results_dir)
+    stem = experiment.rsplit("_", 1)[0]
+    candidates = [experiment] + sorted(
+        p.name for p in root.glob(f"{stem}_*") if p.is_dir() and p.name != experiment
+    )
+    for name in candidates:
+        try:
+            sums = load_summaries(root, name)
+        except Exception:  # an unreadable record: no estimate from it
+            continue
+        if sums.empty or not {"optimizer", "profile", "status", "wall_time_s"} <= set(sums):
+            continue
+        same = sums[
+            (sums["optimizer"] == optimizer)
+            & (sums["profile"] == profile)
+            & sums["status"].isin(FINAL_STATUSES)
+        ]
+        if same.empty:
+            continue
+        wall = float(same["wall_time_s"].median())
+        algo = float(same["algo_time_s"].median()) if "algo_time_s" in same else float("nan")
+        column = "device_name" if "device_name" in same else "device" if "device" in same else None
+        device = ", ".join(sorted({str(d) for d in same[column].dropna()})) if column else "?"
+        where = "" if name == experiment else f" of {name}"
+        return wall, (
+            f"~{_hours(wall)} wall, {_hours(algo)} algorithm time on {device or '?'} "
+            f"(median of {len(same)} committed run{'s' if len(same) != 1 else ''}{where})"
+        )
+    return None, f"no committed {profile}-profile record of {optimizer} to estimate from"
+
+
+def _hours(seconds: float) -> str:
+    if seconds != seconds:  # NaN
+        return "?"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def confirm_start(lines: Sequence[str], profile: str, yes: bool = False, footer: str = "") -> bool:
+    """Ask once per process before paper-profile runs start.
+
+    Args:
+        lines: One line per run to start (its id and :func:`estimate`).
+        profile: The profile; only ``paper`` asks.
+        yes: Answered already (``--yes``); ``YES=1`` in the environment counts too.
+        footer: A last line (the total).
+
+    Returns:
+        Whether to start them: ``True`` for other profiles, once confirmed, or with ``yes``;
+        ``False`` when refused, or without a terminal to ask on.
+    """
+    global _confirmed
+    if not lines or profile != "paper" or _confirmed:
+        return True
+    print(
+        f"{len(lines)} paper-profile run(s) to start (the papers' settings; hours each on a CPU):", flush=True
+    )
+    for line in [*lines, *([footer] if footer else [])]:
+        print(f"  {line}", flush=True)
+    if yes or yes_from_env():
+        _confirmed = True
+        return True
+    if not sys.stdin.isatty():
+        print(
+            "not started: confirm with YES=1 (make ... SCALE=paper YES=1) or --yes; "
+            "--dry-run lists them without starting anything",
+            flush=True,
+        )
+        return False
+    answer = input("Start them? [y/N] ").strip().lower()
+    _confirmed = answer in ("y", "yes")
+    return _confirmed
 
 
 def compose_config(overrides: Sequence[str] = ()) -> Any:
@@ -146,11 +285,14 @@ def ensure_run(
         dry_run: Print the command without running it (an unfinished run without checkpoint is
             still moved aside).
 
+    A paper-profile run asks first (:func:`confirm_start`, once per process) unless the process
+    has confirmed already.
+
     Returns:
         ``(action, run_dir)``: ``action`` is ``kept``, ``ran`` or ``resumed``.
 
     Raises:
-        SystemExit: The run was interrupted (see :func:`run_train`).
+        SystemExit: The run was interrupted (see :func:`run_train`), or not confirmed (code 2).
         subprocess.CalledProcessError: The run failed.
     """
     run_id = run_id_for(optimizer, profile, seed, suffix)
@@ -160,7 +302,7 @@ def ensure_run(
         return "kept", run_dir
     cmd = [
         sys.executable,
-        str(REPO_ROOT / "src" / "train.py"),
+        "src/train.py",  # run_train runs it from the repository root
         f"experiment={experiment_config(experiment, profile)}",
         f"optimizer={optimizer}",
         f"seed={seed}",
@@ -176,8 +318,13 @@ def ensure_run(
         aside = run_dir.with_name(f"{run_id}.{status}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(aside)
         print(f"moved incomplete run {run_dir} -> {aside}", flush=True)
-    print("$ " + " ".join(cmd[1:]), flush=True)
-    if not dry_run:
+    if dry_run:
+        print("would run: $ " + " ".join(cmd[1:]), flush=True)
+    else:
+        line = f"{run_id} ({experiment}): {estimate(results_dir, experiment, optimizer, profile)}"
+        if not confirm_start([line], profile):
+            raise SystemExit(2)
+        print("$ " + " ".join(cmd[1:]), flush=True)
         env = dict(os.environ)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         run_train(cmd, env)
@@ -234,24 +381,29 @@ def run_train(cmd: Sequence[str], env: dict[str, str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: run the missing runs of one experiment (optimizers × seeds).
+    """Command line: run the missing runs of experiments (experiments × optimizers × seeds).
 
     Arguments containing ``=`` (and not starting with ``-``) are Hydra overrides for every run,
-    wherever they appear.
+    wherever they appear. The runs to start are listed first, each with :func:`estimate`; at the
+    paper profile they start only once confirmed (:func:`confirm_start`; ``--yes`` or ``YES=1``).
 
     Args:
-        argv: ``--experiment``, ``--optimizers``, ``--seeds``, ``--profile``, ``--results-dir``,
-            ``--dry-run`` and Hydra overrides; ``None``: ``sys.argv[1:]``.
+        argv: ``--experiment`` (one or more), ``--optimizers``, ``--seeds``, ``--profile``,
+            ``--results-dir``, ``--dry-run``, ``--yes`` and Hydra overrides; ``None``:
+            ``sys.argv[1:]``.
     """
     import argparse
 
-    parser = argparse.ArgumentParser(description="Run the missing runs of an experiment.")
-    parser.add_argument("--experiment", required=True)
+    parser = argparse.ArgumentParser(description="Run the missing runs of experiments.")
+    parser.add_argument("--experiment", nargs="+", required=True, help="one or more experiments")
     parser.add_argument("--optimizers", nargs="+", required=True)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--profile", default="quick")
     parser.add_argument("--results-dir", default="results")
-    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--dry-run", action="store_true", help="list what would run; start nothing")
+    parser.add_argument(
+        "--yes", action="store_true", help="start paper-profile runs without asking (also YES=1)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value) for every run")
     # Hydra overrides are the key=value words; take them out first so they may follow a
     # multi-valued option (`--seeds 0 1 trainer.device=cpu`) without being read as its values
@@ -259,19 +411,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     hydra_overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     args = parser.parse_args([a for a in argv if a not in hydra_overrides])
     args.overrides = list(args.overrides) + hydra_overrides
-    for optimizer in args.optimizers:
-        for seed in args.seeds:
-            overrides = list(args.overrides)
-            action, run_dir = ensure_run(
-                args.experiment,
-                optimizer,
-                seed,
-                args.profile,
-                overrides,
-                results_dir=args.results_dir,
-                dry_run=args.dry_run,
+    jobs = [(e, o, s) for e in args.experiment for o in args.optimizers for s in args.seeds]
+    to_start, costs, total, unknown = [], {}, 0.0, 0
+    for experiment, optimizer, seed in jobs:
+        run_id = run_id_for(optimizer, args.profile, seed)
+        status = run_status(Path(args.results_dir) / experiment / run_id)
+        if status not in FINAL_STATUSES:
+            seconds, costs[(experiment, run_id)] = estimate_seconds(
+                args.results_dir, experiment, optimizer, args.profile
             )
-            print(f"[{action}] {run_dir}", flush=True)
+            total, unknown = total + (seconds or 0.0), unknown + (seconds is None)
+            verb = "resume" if status is not None else "start"
+            to_start.append(f"{verb} {experiment}/{run_id}: {costs[(experiment, run_id)]}")
+    footer = (
+        f"in all ~{_hours(total)} wall one after the other"
+        + (f", plus {unknown} run(s) without an estimate" if unknown else "")
+        if len(to_start) > 1
+        else ""
+    )
+    if not args.dry_run and not confirm_start(to_start, args.profile, args.yes, footer):
+        raise SystemExit(2)
+    for experiment, optimizer, seed in jobs:
+        action, run_dir = ensure_run(
+            experiment,
+            optimizer,
+            seed,
+            args.profile,
+            list(args.overrides),
+            results_dir=args.results_dir,
+            dry_run=args.dry_run,
+        )
+        cost = costs.get((experiment, run_dir.name)) if action != "kept" else None
+        print(
+            f"[{action_label(action, args.dry_run)}] {run_dir}" + (f" ({cost})" if cost else ""), flush=True
+        )
+    if args.dry_run:
+        print(
+            f"[dry run] {len(to_start)} run(s) would start{'; ' + footer if footer else ''}; nothing was started"
+        )
 
 
 if __name__ == "__main__":

@@ -16,11 +16,11 @@ SHF_FIG_ARGS = --profile $(SCALE) --datasets mnist curves usps
 .PHONY: shf-runs reproduce-shf-fig2 reproduce-shf-fig3 reproduce-shf-table2 reproduce-shf \
 	reproduce-fig2 reproduce-fig3 reproduce-table2 bench-shf test-shf
 
+# One driver call for every dataset: it lists the runs it will start with a time estimate from the
+# committed records and, at SCALE=paper, asks first (YES=1 answers for scripts; DRY_RUN=1 lists only).
 shf-runs:
-	for d in $(SHF_DATASETS); do \
-		$(PY) -m experiments.run_missing --experiment shf_fig2_$$d --profile $(SCALE) \
-			--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) $(SHF_OVERRIDES) || exit 1; \
-	done
+	$(PY) -m experiments.run_missing --experiment $(addprefix shf_fig2_,$(SHF_DATASETS)) --profile $(SCALE) \
+		--optimizers $(SHF_METHODS) --seeds $(SHF_SEEDS) $(if $(DRY_RUN),--dry-run) $(SHF_OVERRIDES)
 
 reproduce-shf-fig2: shf-runs ## SHF-LSMR Figure 2 (train dotted / test solid error vs time)
 	$(PY) -m experiments.shf.figures fig2 $(SHF_FIG_ARGS)

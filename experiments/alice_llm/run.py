@@ -26,7 +26,7 @@ from experiments.alice_llm.specs import (
     experiment_for,
     sizes_for,
 )
-from experiments.runs import ensure_run
+from experiments.runs import action_label, confirm_start, ensure_run, estimate
 
 MAIN_KEYS = {m.key for m in TABLE2_METHODS}
 
@@ -57,10 +57,16 @@ def ensure_methods(
                 dry_run=dry_run or nproc > 1,
             )
             if nproc > 1 and action != "kept" and not dry_run:
+                # ensure_run only listed it (dry_run): ask here as it would have (SCALE=paper)
+                line = f"{run_dir.name} ({experiment}, torchrun x{nproc}): " + estimate(
+                    results, experiment, m.optimizer, profile
+                )
+                if not confirm_start([line], profile):
+                    raise SystemExit(2)
                 _torchrun(
                     experiment, m.optimizer, seed, profile, run_overrides, suffix, results, nproc, action
                 )
-            print(f"[{action}] {run_dir}", flush=True)
+            print(f"[{action_label(action, dry_run)}] {run_dir}", flush=True)
 
 
 def _torchrun(

@@ -41,7 +41,7 @@ from curvopt.analysis.curves import (
     value_at,
 )
 from curvopt.analysis.records import load_runs
-from experiments.runs import ensure_run
+from experiments.runs import action_label, ensure_run
 
 EXPERIMENT = "fgn_cars196"
 METHODS = ("adam", "sgn", "fgn")
@@ -80,7 +80,7 @@ def ensure_runs(
                 results_dir=results,
                 dry_run=dry_run,
             )
-            print(f"[{action}] {run_dir}", flush=True)
+            print(f"[{action_label(action, dry_run)}] {run_dir}", flush=True)
 
 
 def select_runs(results: Path, profile: str, dataset: str) -> pd.DataFrame:

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from experiments.fosi_tasks import analysis, figures
-from experiments.runs import REPO_ROOT, ensure_run
+from experiments.runs import REPO_ROOT, action_label, ensure_run
 
 WHAT = ("table1", "table2", "fig2", "fig5", "fig6", "all")
 
@@ -135,7 +135,7 @@ def ensure(
                     results_dir=args.results_dir,
                     dry_run=args.dry_run,
                 )
-                print(f"[{action}] {run_dir}", flush=True)
+                print(f"[{action_label(action, args.dry_run)}] {run_dir}", flush=True)
             except subprocess.CalledProcessError as err:
                 print(f"[failed] {task.key} {optimizer} {suffix or ''}: exit {err.returncode}", flush=True)
             finally:

@@ -402,25 +402,26 @@ def row_space_cg(
     rhs_norm2 = rs.clone()
     threshold = (tol * tol) * rhs_norm2
     iters = torch.zeros((), dtype=torch.long, device=rhs.device)
-    breakdown = torch.zeros((), dtype=torch.bool, device=rhs.device)
-    active = rs > threshold
+    # pᵀBp of the last active iteration (1: none yet); a non-positive (or NaN) one was a breakdown
+    last_curvature = torch.ones((), dtype=rs.dtype, device=rhs.device)
+    active = rs > threshold  # while active, rs > threshold ≥ 0: rs_new / rs needs no guard
     for _ in range(maxiter):
         if early_exit and not bool(active):
             break
         bp = matvec(p)
         curvature = torch.dot(p, bp)
-        positive = curvature > 0
-        breakdown = breakdown | (active & torch.logical_not(positive))
-        step = active & positive
-        alpha = torch.where(step, rs / torch.where(positive, curvature, torch.ones_like(curvature)), 0.0)
+        last_curvature = torch.where(active, curvature, last_curvature)
+        step = active & (curvature > 0)
+        alpha = torch.where(step, rs / curvature, 0.0)  # 0 for a masked iteration: x, r unchanged
         x = x + alpha * p
         r = r - alpha * bp
         rs_new = torch.dot(r, r)
-        beta = torch.where(step, rs_new / torch.where(rs > 0, rs, torch.ones_like(rs)), 0.0)
+        beta = rs_new / rs  # only used where step holds
         p = torch.where(step, r + beta * p, p)
         rs = torch.where(step, rs_new, rs)
-        iters = iters + step.long()
+        iters = iters + step
         active = step & (rs > threshold)
+    breakdown = torch.logical_not(last_curvature > 0)
     rel = torch.sqrt(rs / torch.where(rhs_norm2 > 0, rhs_norm2, torch.ones_like(rhs_norm2)))
     return x, {"iters": iters, "rel_residual": rel, "breakdown": breakdown}
 

@@ -5,7 +5,7 @@
 REPORT_ARGS ?=
 BENCH_QUICK ?= 1
 
-.PHONY: report bench bench-table test-report
+.PHONY: report bench bench-table bench-dispatch test-report
 
 report: ## results/REPORT.md + REPORT.html (untracked, built here): every paper figure/table, paper vs ours, status per item
 	$(PY) -m experiments.report --results-dir results --tolerances experiments/report/tolerances.yaml $(REPORT_ARGS)
@@ -19,3 +19,6 @@ bench-table: ## only rebuild the cross-paper table from results/benchmarks/*.jso
 
 test-report: ## report unit tests + notebook execution
 	$(PY) -m pytest -q -m "not gpu" tests/experiments/test_report.py tests/experiments/test_notebooks.py
+
+bench-dispatch: ## ops / host reads per optimizer step and solver iteration, predicted H200 ms (docs/lean_steps.md; ~2 min)
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_dispatch

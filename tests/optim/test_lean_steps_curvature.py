@@ -340,3 +340,26 @@ def test_deferred_checks_raise_the_eager_errors_and_change_nothing(name, make, h
         if previous is not None:
             assert torch.equal(alg.previous, previous)
     assert alg.steps == (1 if host_stats else 4)  # with host_stats the error comes before the count
+
+
+@pytest.mark.parametrize("cls", [FGN, SGN])
+def test_raise_if_nonfinite_reports_a_deferred_step_of_several(cls):
+    """As RACS's deferred mode: steps that read nothing, then one check for all of them."""
+    model, x, y = _cpu_problem("linear")
+    alg = cls(Objective(model, "cross_entropy"), check_finite="deferred", host_stats=False)
+    assert cls(Objective(model, "cross_entropy"), check_finite="auto").check_finite == "eager"  # CPU
+    alg.raise_if_nonfinite()  # nothing pending
+    alg.step((x, y))
+    alg.raise_if_nonfinite()  # a good step: nothing to raise
+    alg.step((x, y))
+    before = [p.detach().clone() for p in model.parameters()]
+    alg.step((x * float("inf"), y))  # refused: changes nothing
+    for p, q in zip(before, model.parameters()):
+        assert torch.equal(p, q)
+    alg.step((x, y + 30))  # also refused; the first failure is the one reported
+    alg.step((x, y))
+    with pytest.raises(FloatingPointError, match="non-finite logits"):
+        alg.raise_if_nonfinite()
+    alg.raise_if_nonfinite()  # reported once
+    with pytest.raises(ValueError, match="check_finite"):
+        cls(Objective(model, "cross_entropy"), check_finite="lazy")

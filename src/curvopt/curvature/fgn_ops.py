@@ -37,14 +37,16 @@ MARGIN_CLAMP = 80.0
 
 
 # -- input checks ----------------------------------------------------------------------------------
-CHECK_FINITE = ("auto", "eager", "deferred")
+#: ``check_finite`` settings of FGN and SGN (as RACS's): ``None`` or ``"auto"`` (eager on the CPU,
+#: deferred elsewhere), ``"eager"`` or ``"deferred"``.
+CHECK_FINITE = (None, "auto", "eager", "deferred")
 
 
-def resolve_check_finite(check_finite: str, device: torch.device) -> str:
-    """``"eager"`` or ``"deferred"`` for a ``check_finite`` setting (``"auto"``: eager on the CPU).
+def resolve_check_finite(check_finite: str | None, device: torch.device) -> str:
+    """``"eager"`` or ``"deferred"`` for a ``check_finite`` setting (automatic: eager on the CPU).
 
     Args:
-        check_finite: ``"auto"``, ``"eager"`` or ``"deferred"``.
+        check_finite: ``None`` or ``"auto"`` (automatic), ``"eager"`` or ``"deferred"``.
         device: The parameters' device.
 
     Returns:
@@ -55,9 +57,24 @@ def resolve_check_finite(check_finite: str, device: torch.device) -> str:
     """
     if check_finite not in CHECK_FINITE:
         raise ValueError(f"check_finite must be one of {CHECK_FINITE}, got {check_finite!r}")
-    if check_finite == "auto":
+    if check_finite in (None, "auto"):
         return "eager" if device.type == "cpu" else "deferred"
     return check_finite
+
+
+def keep_first_failure(pending: Tensor | None, flags: Tensor) -> Tensor:
+    """Accumulate :func:`batch_flags` over steps: the first failing batch's flags, else the newest.
+
+    Args:
+        pending: The accumulated flags so far, or ``None``.
+        flags: This step's flags.
+
+    Returns:
+        The flags :func:`raise_batch_errors` should see at the next check.
+    """
+    if pending is None:
+        return flags
+    return torch.where(batch_ok(pending), flags, pending)
 
 
 def _check_batch_shapes(logits: Tensor, y: Tensor) -> None:

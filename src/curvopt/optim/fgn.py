@@ -50,6 +50,7 @@ from curvopt.curvature.fgn_ops import (
     check_classification_batch,
     dispersion_from_gradient,
     fgn_weights,
+    keep_first_failure,
     linear_maps,
     log_breakdown,
     margin_terms,
@@ -207,9 +208,11 @@ class FGN(AlgorithmBase):
             ``[0, C)``) is refused; the error and the untouched parameters are the same either way.
             ``"eager"``: checked with a host read before the update; ``"deferred"``: checked on
             the device, the update gated on the result (``torch.where``: a refused step adds 0)
-            and the error raised at the step's read of its logged scalars (or by
-            :meth:`read_stats` with ``host_stats=False``); ``"auto"``: eager on the CPU,
-            deferred on an accelerator.
+            and the error raised at the step's read of its logged scalars; with
+            ``host_stats=False`` by :meth:`read_stats` of that step's scalars or by
+            :meth:`raise_if_nonfinite` (every deferred step since its last call: what RACS's
+            deferred mode offers); ``None`` (default) or ``"auto"``: eager on the CPU, deferred
+            on an accelerator.
         host_stats: ``True``: :meth:`step` returns the logged scalars as Python numbers (one
             stacked host read at the end of the step). ``False``: it returns them as 0-d
             device tensors and makes no host read; :meth:`read_stats` turns them into numbers
@@ -250,7 +253,7 @@ class FGN(AlgorithmBase):
         margin_clamp: float = MARGIN_CLAMP,
         compile: bool = False,
         gram_blocks: int | str = "auto",
-        check_finite: str = "auto",
+        check_finite: str | None = None,
         host_stats: bool = True,
     ) -> None:
         if objective.loss_kind != "cross_entropy":
@@ -336,7 +339,25 @@ class FGN(AlgorithmBase):
         out: dict[str, Any] = dict(stats)
         out["_checks"] = (flags, num_classes, self.steps)
         out.update(lr=self.lr, damping=self.damping, implementation=self.implementation)
-        return self.read_stats(out) if self.host_stats else out
+        if self.host_stats:
+            return self.read_stats(out)
+        if flags is not None:
+            self._pending = (keep_first_failure(getattr(self, "_pending", (None,))[0], flags), num_classes)
+        return out
+
+    def raise_if_nonfinite(self) -> None:
+        """Read the deferred checks of the steps since the last call (one host read) and raise.
+
+        Only ``check_finite="deferred"`` with ``host_stats=False`` leaves checks pending (with
+        ``host_stats=True`` each step raises its own error); a refused step changed nothing.
+
+        Raises:
+            ValueError: If a batch had labels outside ``[0, C)``.
+            FloatingPointError: If a batch's logits were not finite.
+        """
+        pending = self.__dict__.pop("_pending", None)
+        if pending is not None:
+            raise_batch_errors(pending[0].tolist(), pending[1])
 
     def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
         """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.

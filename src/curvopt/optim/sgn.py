@@ -45,6 +45,7 @@ from curvopt.curvature.fgn_ops import (
     check_classification_batch,
     competitor_distribution,
     dispersion,
+    keep_first_failure,
     linear_maps,
     log_breakdown,
     raise_batch_errors,
@@ -184,8 +185,10 @@ class SGN(AlgorithmBase):
         check_finite: ``"eager"``: the batch checks (finite logits, labels in ``[0, C)``) read
             the host before the update; ``"deferred"``: they run on the device, the update (and
             the warm start) is gated on them with ``torch.where`` and the error is raised at the
-            step's one read of its logged scalars (or by :meth:`read_stats`), parameters
-            untouched; ``"auto"``: eager on the CPU, deferred on an accelerator.
+            step's one read of its logged scalars, parameters untouched; with
+            ``host_stats=False`` by :meth:`read_stats` of that step's scalars or by
+            :meth:`raise_if_nonfinite` (every deferred step since its last call); ``None``
+            (default) or ``"auto"``: eager on the CPU, deferred on an accelerator.
         host_stats: ``True``: :meth:`step` returns Python numbers (one stacked host read at the
             end of the step); ``False``: 0-d device tensors and no host read, for
             :meth:`read_stats` when the caller logs.
@@ -223,7 +226,7 @@ class SGN(AlgorithmBase):
         log_dispersion: bool = True,
         cg_float64_dots: bool = False,
         cg_early_exit: bool | str = "auto",
-        check_finite: str = "auto",
+        check_finite: str | None = None,
         host_stats: bool = True,
     ) -> None:
         if objective.loss_kind != "cross_entropy":
@@ -370,9 +373,25 @@ class SGN(AlgorithmBase):
         out.update(lr=self.lr, damping=self.damping, _checks=(flags, z.shape[1], self.steps))
         if self.host_stats:
             out = self.read_stats(out)  # raises a deferred error before anything below
+        elif flags is not None:
+            self._pending = (keep_first_failure(getattr(self, "_pending", (None,))[0], flags), z.shape[1])
         self.previous = solution if self.warm_start else None
         self.steps += 1
         return out
+
+    def raise_if_nonfinite(self) -> None:
+        """Read the deferred checks of the steps since the last call (one host read) and raise.
+
+        Only ``check_finite="deferred"`` with ``host_stats=False`` leaves checks pending (with
+        ``host_stats=True`` each step raises its own error); a refused step changed nothing.
+
+        Raises:
+            ValueError: If a batch had labels outside ``[0, C)``.
+            FloatingPointError: If a batch's logits were not finite.
+        """
+        pending = self.__dict__.pop("_pending", None)
+        if pending is not None:
+            raise_batch_errors(pending[0].tolist(), pending[1])
 
     def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
         """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.

@@ -97,8 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     ``error``).
 
     Args:
-        argv: The arguments (``--results-dir``, ``--tolerances``, ``--papers``, ``--out``);
-            ``None``: ``sys.argv[1:]``.
+        argv: The arguments (``--results-dir``, ``--tolerances``, ``--papers``, ``--out``,
+            ``--readme``, ``--no-readme``); ``None``: ``sys.argv[1:]``.
+
+    The repository's README.md gets its results-summary block rewritten from the report
+    (:mod:`experiments.report.readme`) when the report written is ``results/REPORT.md`` of every
+    paper.
     """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,6 +111,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tolerances", type=Path, default=DEFAULT_TOLERANCES)
     parser.add_argument("--papers", nargs="*", default=None, choices=list(PAPERS))
     parser.add_argument("--out", type=Path, default=None, help="Markdown path (HTML next to it)")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="README whose results-summary block is rewritten from the report (default: the "
+        "repository's README.md when the report is results/REPORT.md of all papers)",
+    )
+    parser.add_argument("--no-readme", action="store_true", help="leave README.md alone")
     args = parser.parse_args(argv)
     out_md = args.out or args.results_dir / "REPORT.md"
     evaluated = build_report(
@@ -120,6 +132,15 @@ def main(argv: list[str] | None = None) -> None:
             + (f"  [{res.notes[0]}]" if res.status in ("not run", "error") else "")
         )
     print(f"wrote {out_md} and {out_md.with_suffix('.html')}")
+    readme = args.readme
+    default_report = out_md.resolve() == (REPO / "results" / "REPORT.md").resolve() and args.papers is None
+    if readme is None and default_report:
+        readme = REPO / "README.md"
+    if readme is not None and not args.no_readme:
+        from experiments.report.readme import readme_block, update_readme
+
+        changed = update_readme(readme, readme_block(out_md.read_text(), args.results_dir))
+        print(f"{'rewrote' if changed else 'kept'} the results summary in {readme}")
 
 
 if __name__ == "__main__":

@@ -295,77 +295,105 @@ def pack_experiment(
         if old["run_id"] in drop:
             continue
         runs[old["run_id"]] = old
-        frame = packed_run_frame(exp_dir, old)
-        # a missing value and a logged NaN read the same (NaN), so both are stored as missing
-        rows_of[old["run_id"]] = [
-            {k: v for k, v in r.items() if not (v is None or (isinstance(v, float) and math.isnan(v)))}
-            for r in frame.to_dict("records")
-        ]
+        # the rows as their metrics.jsonl held them: arrow keeps an int column's ints (a pandas
+        # frame makes them floats wherever a row lacks the key); a logged NaN reads as missing
+        rows_of[old["run_id"]] = _loose_rows(exp_dir, old)
     skipped, packed_dirs, bytes_before = [], [], 0
-    for run_dir in loose_run_dirs(exp_dir):
-        if not (run_dir / "summary.json").exists() or (run_dir / "run.lock").exists():
-            skipped.append(run_dir.name)  # running or killed: left for the run (or a rerun) to finish
-            continue
-        if (_json_load(run_dir / "summary.json") or {}).get("status") in UNFINISHED:
-            skipped.append(run_dir.name)  # stopped by a signal: left for trainer.resume=true
-            continue
-        rows = read_metrics(run_dir / "metrics.jsonl")
-        columns: list[str] = []
-        for r in rows:
-            columns += [k for k in r if k not in columns]
-        if "run_id" in columns:
-            raise ValueError(f"{run_dir}: a metrics key named run_id clashes with the pack's run_id column")
-        runs[run_dir.name] = {
-            "run_id": run_dir.name,
-            "columns": columns,
-            "summary": _json_load(run_dir / "summary.json"),
-            "config": _yaml_load(run_dir / "config.yaml"),
-        }
-        rows_of[run_dir.name] = rows
-        packed_dirs.append(run_dir)
-        bytes_before += sum((run_dir / f).stat().st_size for f in RECORD_FILES if (run_dir / f).exists())
-    if not runs:
-        for f in (PACKED_METRICS, PACKED_RUNS, PACKED_RUNS_GZ):  # every packed run was dropped
-            if drop and (exp_dir / f).exists():
-                (exp_dir / f).unlink()
-        return PackResult(exp_dir, 0, 0, 0, skipped, 0, 0)
-    order = sorted(runs)
-    all_columns: list[str] = []
-    for rid in order:
-        all_columns += [c for c in runs[rid]["columns"] if c not in all_columns]
-    ids, cols = [], {c: [] for c in all_columns}
-    for rid in order:
-        for r in rows_of[rid]:
-            ids.append(rid)
-            for c in all_columns:
-                cols[c].append(r.get(c))
-    arrays, json_columns = [pa.array(ids, pa.string())], []
-    for c in all_columns:
-        arr, as_json = _column_array(cols[c])
-        arrays.append(arr)
-        if as_json:
-            json_columns.append(c)
-    table = pa.Table.from_arrays(arrays, names=["run_id", *all_columns])
-    table = table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(json_columns).encode()})
-    _write_pack(exp_dir, table, [runs[rid] for rid in order], compression)
-    _verify(exp_dir, packed_dirs)
-    removed = 0
-    if remove:
-        for run_dir in packed_dirs:
-            for f in RECORD_FILES:
-                if (run_dir / f).exists():
-                    (run_dir / f).unlink()
-                    removed += 1
-            if not any(run_dir.iterdir()):
-                run_dir.rmdir()
-            elif {p.name for p in run_dir.iterdir()} <= {"wandb"}:  # mirrors are not records
-                shutil.rmtree(run_dir)
-    after = sum(
-        (exp_dir / f).stat().st_size
-        for f in (PACKED_METRICS, PACKED_RUNS, PACKED_RUNS_GZ)
-        if (exp_dir / f).exists()
-    )
-    return PackResult(exp_dir, len(order), len(ids), removed, skipped, bytes_before, after)
+    locks: list[RunLock] = []
+    try:
+        for run_dir in loose_run_dirs(exp_dir):
+            if not (run_dir / "summary.json").exists():
+                skipped.append(run_dir.name)  # running or killed: left for the run (or a rerun) to finish
+                continue
+            # each packed run's lock is held from here until its files are deleted: a resume (or a
+            # rerun) of it started meanwhile is refused instead of writing rows the delete would lose
+            lock = RunLock(run_dir)
+            try:
+                lock.acquire()
+            except RunInUseError:
+                skipped.append(run_dir.name)  # a live process owns it
+                continue
+            locks.append(lock)
+            if (_json_load(run_dir / "summary.json") or {}).get("status") in UNFINISHED:
+                skipped.append(run_dir.name)  # stopped by a signal: left for trainer.resume=true
+                lock.release()
+                locks.remove(lock)
+                continue
+            rows = read_metrics(run_dir / "metrics.jsonl")
+            columns: list[str] = []
+            for r in rows:
+                columns += [k for k in r if k not in columns]
+            if "run_id" in columns:
+                raise ValueError(
+                    f"{run_dir}: a metrics key named run_id clashes with the pack's run_id column"
+                )
+            runs[run_dir.name] = {
+                "run_id": run_dir.name,
+                "columns": columns,
+                "summary": _json_load(run_dir / "summary.json"),
+                "config": _yaml_load(run_dir / "config.yaml"),
+            }
+            rows_of[run_dir.name] = rows
+            packed_dirs.append(run_dir)
+            bytes_before += sum(
+                (run_dir / f).stat().st_size
+                for f in (*RECORD_FILES, PARKED_METRICS_NAME)
+                if (run_dir / f).exists()
+            )
+        if not runs:
+            for f in (PACKED_METRICS, PACKED_RUNS, PACKED_RUNS_GZ):  # every packed run was dropped
+                if drop and (exp_dir / f).exists():
+                    (exp_dir / f).unlink()
+            return PackResult(exp_dir, 0, 0, 0, skipped, 0, 0)
+        order = sorted(runs)
+        all_columns: list[str] = []
+        for rid in order:
+            all_columns += [c for c in runs[rid]["columns"] if c not in all_columns]
+        ids, cols = [], {c: [] for c in all_columns}
+        for rid in order:
+            for r in rows_of[rid]:
+                ids.append(rid)
+                for c in all_columns:
+                    cols[c].append(r.get(c))
+        arrays, json_columns = [pa.array(ids, pa.string())], []
+        for c in all_columns:
+            arr, as_json = _column_array(cols[c])
+            arrays.append(arr)
+            if as_json:
+                json_columns.append(c)
+        table = pa.Table.from_arrays(arrays, names=["run_id", *all_columns])
+        table = table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(json_columns).encode()})
+        _write_pack(exp_dir, table, [runs[rid] for rid in order], compression)
+        _verify(exp_dir, packed_dirs)
+        removed = 0
+        if remove:
+            for run_dir in packed_dirs:
+                # a parked copy of the rows goes too: left behind, it would make the packed run
+                # look loose (and let a resume of it past the packed-id refusal)
+                for f in (*RECORD_FILES, PARKED_METRICS_NAME):
+                    if (run_dir / f).exists():
+                        (run_dir / f).unlink()
+                        removed += 1
+        for lock in locks:  # the records are gone (or kept): a run may take the directory now
+            lock.release()
+        locks = []
+        if remove:
+            for run_dir in packed_dirs:
+                if not run_dir.is_dir():
+                    continue
+                if not any(run_dir.iterdir()):
+                    run_dir.rmdir()
+                elif {p.name for p in run_dir.iterdir()} <= {"wandb"}:  # mirrors are not records
+                    shutil.rmtree(run_dir)
+        after = sum(
+            (exp_dir / f).stat().st_size
+            for f in (PACKED_METRICS, PACKED_RUNS, PACKED_RUNS_GZ)
+            if (exp_dir / f).exists()
+        )
+        return PackResult(exp_dir, len(order), len(ids), removed, skipped, bytes_before, after)
+    finally:
+        for lock in locks:
+            lock.release()
 
 
 def _write_pack(

@@ -520,10 +520,20 @@ class SHF:
         op = (matvec, rmatvec, (m, gn.numel))
         b = -gn.residual.reshape(-1)
         merit_time = [0.0]
+        # the merit's trial point w + c∘y: c∘y into one buffer whose per-parameter views are built
+        # once per solve, and one multi-tensor add (the same sums as _trial's per-tensor adds)
+        step_buf = torch.empty_like(g)
+        step_views = list(unflatten(step_buf, params).values())
+        keys, base = list(params), list(params.values())
 
         def merit(yk: Tensor) -> float:
             t_m = self._clock()
-            value = self._val_loss(params, c * yk if scaled else yk)
+            if scaled:
+                torch.mul(c, yk, out=step_buf)
+                assert self.val is not None
+                value = self._loss(dict(zip(keys, torch._foreach_add(base, step_views))), *self.val)
+            else:
+                value = self._val_loss(params, yk)
             merit_time[0] += self._clock() - t_m
             return value
 

@@ -23,6 +23,7 @@ process's CPU time instead of the wall clock) gives ratios that contention barel
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -121,6 +122,23 @@ def time_steps(opt, params, grads, n) -> list[float]:
     return out
 
 
+def count_syncs(step: Any) -> int:
+    """Synchronising CUDA calls made by ``step()``: ``torch.cuda.set_sync_debug_mode("warn")`` warns
+    on each (``.item()``, ``nonzero``, a copy to the host, a stream synchronisation); the host reads
+    that ``make bench-dispatch`` counts on the CPU, confirmed on the device."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
 def formula_bytes(method: str, shapes, rank: int) -> int | None:
     key = {
         "adamw_fused": "adam",
@@ -165,6 +183,12 @@ def run(
         elif method == "kozistr_alice":
             refresh_ms = 1e3 * first - plain_ms  # its t = 1 step is a refresh
         amort = plain_ms + (refresh_ms or 0.0) / K
+        syncs: dict[str, int] = {}
+        if str(device).startswith("cuda"):
+            one_step = functools.partial(time_steps, opt, params, grads, 1)
+            syncs["sync_plain"] = count_syncs(one_step)
+            if force_refresh_next(method, opt):
+                syncs["sync_refresh"] = count_syncs(one_step)
         state = optimizer_state_bytes(opt)
         # Adam-type 'step' scalars and limiter norms are not in the formulas
         formula = formula_bytes(method, shapes, rank)
@@ -178,6 +202,7 @@ def run(
             "state_bytes": state,
             "formula_bytes": formula,
             "state_vs_formula": (state / formula - 1) if formula else None,
+            **syncs,
         }
         results.append(row)
         ref = f"{refresh_ms:9.1f}" if refresh_ms is not None else "        -"
@@ -327,6 +352,20 @@ def main() -> None:
         lines.append(
             f"| {r['method']} | {r['plain_ms']:.1f} | {ref} | {r['amortised_ms']:.1f} | {r['state_bytes'] / 2**20:.1f} | {sv} |"
         )
+    if any("sync_plain" in r for r in results):
+        lines += [
+            "",
+            "Synchronising CUDA calls in one step (`torch.cuda.set_sync_debug_mode('warn')`; "
+            "`make bench-dispatch` counts the host reads on the CPU):",
+            "",
+            "| method | plain step | refresh step |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['method']} | {r['sync_plain']} | {r.get('sync_refresh', '–')} |"
+            for r in results
+            if "sync_plain" in r
+        ]
     lines += ["", "| target | ratio | limit | ok |", "|---|---|---|---|"]
     for c in checks:
         lines.append(

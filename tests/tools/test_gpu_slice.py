@@ -55,7 +55,8 @@ def test_tracked_tree_stays_under_44_mb():
 def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     slices = gs.load_queue()
     assert [s.id for s in slices if s.auto] == [
-        "smoke-probe", "smoke-llama", "llm-sizes", "bench", "llm-1b", "mnist-paper", "mnist-shf-seeds",
+        "smoke-probe", "smoke-llama", "bench-lean", "llm-sizes", "llm-1b", "mnist-hfcg-s0", "mnist-shf-s0",
+        "bench", "mnist-paper", "mnist-shf-seeds",
     ]  # fmt: skip
     for s in slices:
         assert 0 < s.gpu_minutes <= 13, s.id  # a session has 15 device minutes, a start costs 1-2
@@ -76,12 +77,21 @@ def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     }
     assert all(r.rel_dir().startswith("results/gpu_probe/shf_fig2_mnist/") for r in probe)
     mnist = [(r.spec["optimizer"], r.spec["seed"]) for r in by_id["mnist-paper"].runs]
-    assert mnist == [("hf_cg", 0), ("shf_lsmr", 0)] + [("hf_cg", s) for s in range(1, 5)]
+    assert mnist == [("hf_cg", s) for s in range(1, 5)]
+    # seed 0 of each method alone, one call each (completed records; no checkpoint kept between leases)
+    for sid, optimizer in (("mnist-hfcg-s0", "hf_cg"), ("mnist-shf-s0", "shf_lsmr")):
+        (run,) = by_id[sid].runs
+        assert (run.spec["optimizer"], run.spec["seed"], by_id[sid].phases[0].parallel) == (optimizer, 0, 1)
     # two at a time: $OUT takes back two MNIST checkpoints, and six shared the GPU at 1.4x one's rate
     assert by_id["mnist-paper"].phases[0].parallel == by_id["mnist-shf-seeds"].phases[0].parallel == 2
-    # RACS's two step paths side by side, then Figure 4's memory (batch 1 x 256) at the four sizes
+    # the lean steps beside the paths they replace, with their synchronising calls counted
+    lean = {r.id: r.spec for r in by_id["bench-lean"].runs}
+    assert {"racs", "racs_loop", "alice", "alice_loop", "adamw_fused", "galore"} <= set(
+        lean["bench-optim-lean"]["args"]
+    )
+    assert "trainer.deterministic=false" in lean["probe-hfcg-nondeterministic"]["overrides"]
+    # Figure 4's memory (batch 1 x 256) at the four sizes
     llm = {r.id: r.spec for r in by_id["llm-sizes"].runs}
-    assert {"racs_loop", "racs_foreach", "adamw_fused"} <= set(llm["bench-optim-foreach"]["args"])
     assert llm["fig4-memory"]["args"][:8] == [
         "--profile",
         "paper",
@@ -95,7 +105,7 @@ def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
     # the C4 loader streams through HF datasets, which the device image lacks
     assert {"datasets", "dill", "multiprocess"} <= set(by_id["smoke-llama"].wheels)
     # the paper drivers' run ids and folders, so the figures read these runs
-    assert by_id["mnist-paper"].runs[0].rel_dir() == "results/shf_fig2_mnist/hf_cg_paper_s0"
+    assert by_id["mnist-hfcg-s0"].runs[0].rel_dir() == "results/shf_fig2_mnist/hf_cg_paper_s0"
     assert by_id["mnist-paper"].runs[0].config_name == "shf_fig2_mnist_paper"
     assert {r.spec["optimizer"] for r in by_id["fosi-lm-paper"].runs} == {
         "heavy_ball", "fosi_heavy_ball", "adam", "fosi_adam",
@@ -121,10 +131,12 @@ def test_ledger_picks_the_first_slice_not_done(gs, tmp_path):
     gs.append_ledger(ledger, {**row, "status": "done"})
     assert gs.next_slice(slices, ledger).id == "smoke-llama"
     gs.append_ledger(ledger, {**row, "slice": "smoke-llama", "status": "done"})
+    assert gs.next_slice(slices, ledger).id == "bench-lean"
+    gs.append_ledger(ledger, {**row, "slice": "bench-lean", "status": "skip"})
     assert gs.next_slice(slices, ledger).id == "llm-sizes"
-    gs.append_ledger(ledger, {**row, "slice": "llm-sizes", "status": "skip"})
-    assert gs.next_slice(slices, ledger).id == "bench"  # fosi-lm-paper is not picked automatically
     assert [r["status"] for r in gs.read_ledger(ledger)] == ["partial", "done", "done", "skip"]
+    names = [s.id for s in sorted(slices, key=lambda s: s.order) if s.auto]
+    assert names.index("mnist-hfcg-s0") < names.index("bench")  # fosi-lm-paper is not picked automatically
     gs.read_ledger(ROOT / "docs" / "gpu_ledger.md")  # the committed one parses
 
 
@@ -223,7 +235,7 @@ def test_cpu_slice_whole_path_fake_out_unpack_and_tampering(gs, tmp_path):
     data[len(data) // 2] ^= 0xFF
     (bad / "results.tar.gz").write_bytes(bytes(data))
     fresh = tmp_path / "fresh"
-    assert gs.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 1
+    assert gs.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 2
     assert not fresh.exists()
     # a changed member whose archive checksum was recomputed: the member's sha256 catches it
     buf = io.BytesIO()
@@ -240,7 +252,7 @@ def test_cpu_slice_whole_path_fake_out_unpack_and_tampering(gs, tmp_path):
         "bytes": len(buf.getvalue()),
     }
     (bad / "manifest.json").write_text(json.dumps(man))
-    assert gs.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 1
+    assert gs.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 2
     assert not fresh.exists() and len(gs.read_ledger(ledger)) == 1
 
 

@@ -537,7 +537,8 @@ class HFCG:
         timers: dict[str, float] = {}
         with _timed(timers, "grad_time", self._sync_device):
             f0_data, f0, g, gsq = self._full_gradient(params, mask)  # step 1
-        precond = self._preconditioner(gsq, mask)  # step 2, with the λ of this iteration
+        with _timed(timers, "precond_time", self._sync_device):
+            precond = self._preconditioner(gsq, mask)  # step 2, with the λ of this iteration
         lam, chunk = self.lam, self.chunk_index
         idx = self._chunk_indices(chunk)
         with _timed(timers, "cg_time", self._sync_device):

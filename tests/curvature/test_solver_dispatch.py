@@ -95,3 +95,51 @@ def test_mnist_autoencoder_solver_iterations_meet_the_budget():
     for row in (cg_iter, cg_solve, lsmr_iter, lsmr_solve):
         assert set(row) == {"name", "n", "ops", "views", "kernels", "host_reads", "iterations", "flops"}
         assert row["n"] == 8 and row["flops"] > 0
+
+
+@pytest.mark.parametrize("method", ["shf", "hf_cg"])
+def test_sync_timers_synchronises_each_phase_timer_on_cuda_only(method, monkeypatch):
+    """``sync_timers``: off or on a CPU nothing synchronises; on CUDA every phase timer does."""
+    from curvopt.api import DataBundle
+    from curvopt.models.mlp import autoencoder
+    from curvopt.objective import Objective
+    from curvopt.optim.hf_cg import HFCG
+    from curvopt.optim.shf import SHF
+
+    calls: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 12, generator=gen, dtype=torch.float64)
+
+    def build(sync: bool):
+        torch.manual_seed(0)
+        if method == "shf":
+            obj = Objective(autoencoder([12, 8, 3]).double(), "squared_error")
+            return SHF(
+                obj,
+                DataBundle(train=(x, x), val=(x[:10], x[:10])),
+                batch_size=20,
+                maxiter=6,
+                miniter=2,
+                sync_timers=sync,
+            )
+        obj = Objective(
+            autoencoder([12, 8, 3], code_activation=None, output_activation=None).double(), "sigmoid_bce"
+        )
+        return HFCG(obj, DataBundle(train=(x, x)), numchunks=2, cg_maxiter=6, sync_timers=sync)
+
+    ref = build(False)
+    out_ref = ref.step((x[:20], x[:20]))
+    on = build(True)
+    assert on._sync_device is None  # a CPU device: the flag changes nothing
+    out_on = on.step((x[:20], x[:20]))
+    assert calls == []
+    drop = ("time",)
+    assert {k: v for k, v in out_on.items() if not k.endswith(drop)} == {
+        k: v for k, v in out_ref.items() if not k.endswith(drop)
+    }
+    on._sync_device = torch.device("cuda")  # as on a GPU: every timer synchronises
+    out = on.step((x[:20], x[:20]))
+    timers = [k for k in out if k.endswith("_time")]
+    assert "precond_time" in timers and ("lsmr_time" in timers or "cg_time" in timers)
+    assert len(calls) >= 2 * len(timers) - 2 and set(calls) == {torch.device("cuda")}

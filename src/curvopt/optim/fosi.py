@@ -47,6 +47,10 @@ Implementation choices that matter for speed (benchmarks/bench_fosi.py):
   base step (identical for HB/GD, as in the paper). ``fast_path=False`` forces the generic path
   (tests check both against a step-by-step reference of the paper's Algorithm 2 with the
   authors' Newton-part momentum).
+* **No host read between ESEs.** The eigenvalues are read on the host once, when a basis is
+  installed (an ESE, :meth:`FOSI.set_basis`, a load): the scale s and the logged λ̂ are Python floats
+  from then on, so a step between two ESEs (either path, any base that reads nothing itself, e.g.
+  SGD or fused Adam) makes no host read and a GPU never waits on the host for it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ and return the last iterate *before* that direction, which is still a descent di
 
 The preconditioner is either a callable ``z = precond(r)`` applying ``M⁻¹``, or a tensor holding
 the diagonal of ``M`` (then ``z = r / M``), which is the form Martens' code uses.
+
+On a GPU each iteration reads the device once: ``α`` and ``β`` stay 0-d device tensors, and the
+iteration's inner products (``pᵀAp``, ``rᵀr``, ``rᵀz`` and Martens' φ) come back in one stacked
+read (``benchmarks/dispatch_solvers.py`` counts it; tests/curvature/test_solver_dispatch.py holds
+the budget).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 # Entry points. `make setup` once, then `make reproduce-fig2` (the main job) and `make test`.
 # SCALE=quick (2-core CPU, minutes) | paper (the papers' settings, for a GPU).
+# At SCALE=paper a driver lists the runs it would start, with a time estimate from the committed
+# records, and asks first: YES=1 answers for scripts; DRY_RUN=1 (SHF targets) only lists them.
 # Per paper (mk/<paper>.mk): reproduce-<paper>-<item>, reproduce-<paper> (all of its items),
 # test-<paper>, bench-<paper>. `make help` lists them, one heading per file. The drivers are run as
 # modules of the experiments package from the repository root (python -m experiments.<paper>.<driver>).

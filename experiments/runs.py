@@ -429,6 +429,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if len(to_start) > 1
         else ""
     )
+    if not args.dry_run and args.profile != "paper" and to_start:
+        print(f"{len(to_start)} run(s) to start:", flush=True)
+        for line in [*to_start, *([footer] if footer else [])]:
+            print(f"  {line}", flush=True)
     if not args.dry_run and not confirm_start(to_start, args.profile, args.yes, footer):
         raise SystemExit(2)
     for experiment, optimizer, seed in jobs:
@@ -441,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             results_dir=args.results_dir,
             dry_run=args.dry_run,
         )
-        cost = costs.get((experiment, run_dir.name)) if action != "kept" else None
+        cost = costs.get((experiment, run_dir.name)) if args.dry_run and action != "kept" else None
         print(
             f"[{action_label(action, args.dry_run)}] {run_dir}" + (f" ({cost})" if cost else ""), flush=True
         )

@@ -257,16 +257,21 @@ class _FakeCudaBindings(TorchFunctionMode):
             return torch.ops.aten.copy_.default(dst, src, kwargs.get("non_blocking", False))
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
             tensor = args[0]
+            copy = bool(kwargs.get("copy", False))
             if func is torch.Tensor.cpu:
                 device, dtype = torch.device("cpu"), None
             elif func is torch.Tensor.cuda:
                 device, dtype = torch.device("cuda"), None
             else:
-                device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **kwargs)
-            if device is not None and torch.device(device).type != tensor.device.type:
-                if torch.device(device).type == "cpu":
-                    raise HostReadError("copy of a CUDA tensor to the CPU (a host read)")
-                return torch.ops.aten._to_copy.default(tensor, dtype=dtype or tensor.dtype, device=device)
+                parse_kwargs = {k: v for k, v in kwargs.items() if k != "copy"}  # _parse_to knows no copy=
+                device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args[1:], **parse_kwargs)
+            device = tensor.device if device is None else torch.device(device)
+            dtype = dtype or tensor.dtype
+            if device.type == tensor.device.type and dtype == tensor.dtype and not copy:
+                return tensor  # .to() of a tensor that already fits is the tensor itself
+            if device.type == "cpu" and tensor.device.type != "cpu":
+                raise HostReadError("copy of a CUDA tensor to the CPU (a host read)")
+            return torch.ops.aten._to_copy.default(tensor, dtype=dtype, device=device)
         return func(*args, **kwargs)
 
 

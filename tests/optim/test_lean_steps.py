@@ -17,6 +17,8 @@ import copy
 
 import pytest
 import torch
+import torch._dynamo
+from torch._dynamo import config as dynamo_config
 
 from curvopt.errors import NonFiniteError
 from curvopt.optim import build_optimizer
@@ -278,3 +280,46 @@ def test_docs_example_runs_as_printed(capsys):
     exec(compile(blocks[0], "docs/lean_steps.md", "exec"), namespace)  # noqa: S102
     assert len(namespace["losses"]) == 2
     assert "2 checks" in capsys.readouterr().out
+
+
+def _compile_pair(method: str, steps: int = 4):
+    """The same run eager and compiled (stacked both), with a scheduled lr that changes every step."""
+    g = torch.Generator().manual_seed(4)
+    a = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in SMALL]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    oa = _make(method, a, foreach=True)
+    ob = _make(method, b, compile=True)
+    sa = torch.optim.lr_scheduler.LambdaLR(oa, lambda t: 1.0 / (1 + t))
+    sb = torch.optim.lr_scheduler.LambdaLR(ob, lambda t: 1.0 / (1 + t))
+    for t in range(steps):
+        for pa, pb, gr in zip(a, b, _grads(a, g)):
+            pa.grad, pb.grad = gr.clone(), gr.clone()
+        oa.step()
+        # from the third step on (Alice's first is the looped EVD start), a new lr must not recompile
+        with dynamo_config.patch(error_on_recompile=t >= 2):
+            ob.step()
+        sa.step()
+        sb.step()
+    return a, b
+
+
+@pytest.mark.parametrize("method", ["racs", "alice", "alice0"])
+def test_compiled_update_is_one_graph_without_recompiles(method, monkeypatch):
+    """compile=True: fullgraph capture, no recompilation when the lr changes, the eager numbers.
+    (aot_eager here for speed; the inductor test below is slow-marked.)"""
+    import functools
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    a, b = _compile_pair(method)
+    for pa, pb in zip(a, b):
+        torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["racs", "alice"])
+def test_compiled_update_with_inductor_matches_eager(method):
+    torch._dynamo.reset()
+    a, b = _compile_pair(method)
+    for pa, pb in zip(a, b):
+        torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6)

@@ -58,6 +58,7 @@ from curvopt.optim.racs import (
     bank_slice,
     chunk_slices,
     compute_dtype,
+    ema_update,
     foreach_add_scaled,
     limiter_eta,
 )
@@ -294,6 +295,9 @@ class Alice(MatrixOptimizer):
             is set, and :meth:`raise_if_nonfinite` (which the training loop calls with its loss
             read) raises; ``None`` (default): deferred when every gradient is on CUDA and the step
             is stacked (``foreach``) (a plain step; the first step and refreshes check eagerly), eager otherwise.
+        compile: Run the stacked plain step of each shape bucket under ``torch.compile(fullgraph=True,
+            dynamic=False)``, with the hyper-parameters as 0-d tensors (a scheduled lr does not
+            recompile); implies the stacked path. Opt-in: the first step compiles (tens of seconds).
 
     Raises:
         ValueError: On an out-of-range hyperparameter, an unknown mode, a rank above a weight's
@@ -351,6 +355,7 @@ class Alice(MatrixOptimizer):
         clamp_rank: bool = False,
         foreach: bool | None = None,
         check_finite: str | None = None,
+        compile: bool = False,
     ) -> None:
         if leading is None:
             leading = min(DEFAULT_LEADING, int(rank))
@@ -382,6 +387,7 @@ class Alice(MatrixOptimizer):
             "clamp_rank": clamp_rank,
             "foreach": foreach,
             "check_finite": check_finite,
+            "compile": compile,
         }
         super().__init__(params, defaults)
 
@@ -719,50 +725,48 @@ class Alice(MatrixOptimizer):
         cdt = compute_dtype(ps[0])
         r = min(int(group["rank"]), m)
         b1, b2, b3 = group["betas"]
-        eps = group["eps"]
-
-        def update(key: str, new: Tensor, old: Tensor) -> None:
-            bank[key].copy_(self._gated(new, old))
-
-        G = torch.stack([p.grad for p in ps]).to(cdt)  # k × rows × cols, as stored
-        G = self._sanitized(G.mT if transposed else G)  # k×m×n
         fresh = fresh or {}
-        U = fresh["U"] if "U" in fresh else bank["U"].to(cdt)  # k×m×r
-        sigma = torch.bmm(U.mT, G)  # k×r×n
-        if "Qt" in bank:
-            Qt = fresh["Qt"] if "Qt" in fresh else bank["Qt"].to(cdt)
-            update("Qt", torch.baddbmm(Qt, sigma, sigma.mT, beta=b3, alpha=1 - b3), Qt)
-        m_old, v_old = bank["exp_avg"].to(cdt), bank["exp_avg_sq"].to(cdt)
-        m1 = m_old.mul(b1).add_(sigma, alpha=1 - b1)
-        v = v_old.mul(b2).addcmul_(sigma, sigma, value=1 - b2)
-        update("exp_avg", m1, m_old)
-        update("exp_avg_sq", v, v_old)
-        if self.__dict__.get("_step_ok") is not None:  # a skipped step: ω from the kept moments
-            m1, v = bank["exp_avg"].to(cdt), bank["exp_avg_sq"].to(cdt)
-        if group["bias_correction"]:
-            omega = (m1 / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt_().add_(eps))
-        else:
-            omega = torch.div(m1, v.sqrt().add_(eps))
-        colscale = None
-        if group["compensation"] == "optimal" and m != r:
-            res_sq = (G.square().sum(1) - sigma.square().sum(1)).clamp_min_(0)  # k×n
-            p_old = bank["p"].to(cdt)
-            pvec = p_old.mul(b1).add_(res_sq, alpha=1 - b1)
-            update("p", pvec, p_old)
-            d = bank["p"].to(cdt).sqrt().add_(eps).reciprocal_()
-            root = math.sqrt(m - r)
-            c_norm = root * torch.sqrt((res_sq * d.square()).sum(-1))  # k
-            phi = bank["phi"]
-            eta = limiter_eta(c_norm.to(phi.dtype), phi, group["gamma"])
-            update("phi", eta * c_norm, phi)
-            colscale = d.mul_((group["alpha_c"] * root) * eta.to(cdt).unsqueeze(1))
-            omega = omega.sub_(sigma * colscale.unsqueeze(1))
-        # U(ω − cσD) + cGD, as the loop's bracket; then λα times it into the weights
-        upd = torch.bmm(U, omega) if colscale is None else torch.baddbmm(G * colscale.unsqueeze(1), U, omega)
+        hyper: dict[str, Any] = {
+            "b1": b1,
+            "b2": b2,
+            "b3": b3,
+            "eps": group["eps"],
+            "gamma": group["gamma"],
+            "alpha_c": group["alpha_c"],
+            "bc1": 1 - b1**t if group["bias_correction"] else None,
+            "bc2": 1 - b2**t if group["bias_correction"] else None,
+        }
+        update = alice_bank_update
+        scale = self._gated_scale(-group["lr"] * group["alpha"])
+        optimal = group["compensation"] == "optimal" and m != r
+        if group.get("compile"):
+            device = ps[0].device
+            key = (m, n, len(ps), transposed, cdt, device, "Qt" in bank, optimal, group["bias_correction"])
+            update = self._compiled(alice_bank_update, (*key, self.__dict__.get("_step_ok") is None))
+            hyper = {
+                k: None if v is None else self._hyper_tensor(group, k, v, device) for k, v in hyper.items()
+            }
+            if not isinstance(scale, Tensor):
+                scale = self._hyper_tensor(group, "scale", scale, device)
+        upd = update(
+            torch.stack([p.grad for p in ps]),
+            fresh.get("U", bank["U"]),
+            fresh.get("Qt", bank.get("Qt")),
+            bank.get("Qt"),
+            bank["exp_avg"],
+            bank["exp_avg_sq"],
+            bank["p"],
+            bank["phi"],
+            self.__dict__.get("_step_ok"),
+            cdt=cdt,
+            transposed=transposed,
+            optimal=optimal,
+            root=math.sqrt(max(m - r, 0)),
+            **hyper,
+        )
         pdt = ps[0].dtype
-        upd = upd.mT if transposed else upd
         upd_list = list(upd.unbind(0)) if pdt == cdt else list(upd.to(pdt).unbind(0))
-        foreach_add_scaled(ps, upd_list, self._gated_scale(-group["lr"] * group["alpha"]))
+        foreach_add_scaled(ps, upd_list, scale)
 
     def _with_compensation(
         self,
@@ -820,6 +824,117 @@ class Alice(MatrixOptimizer):
         # fira_plus: Fira's compensation rescaled to ‖Uω‖, times α_c
         target = torch.linalg.vector_norm(U @ omega)
         return omega, None, C.mul_(alpha_c * target / c_norm.clamp_min(1e-30))
+
+
+def _ema_outer(old: Tensor, a: Tensor, b: Tensor, beta: float | Tensor) -> Tensor:
+    """``β·old + (1−β)·a b`` for stacks (``baddbmm`` for a float β)."""
+    if isinstance(beta, Tensor):
+        return old * beta + torch.bmm(a, b) * (1 - beta)
+    return torch.baddbmm(old, a, b, beta=beta, alpha=1 - beta)
+
+
+def _ema_square(old: Tensor, x: Tensor, beta: float | Tensor) -> Tensor:
+    """``β·old + (1−β)·x⊙x``."""
+    if isinstance(beta, Tensor):
+        return old * beta + x * x * (1 - beta)
+    return old.mul(beta).addcmul_(x, x, value=1 - beta)
+
+
+def alice_bank_update(
+    G: Tensor,
+    U: Tensor,
+    Qt: Tensor | None,
+    Qt_bank: Tensor | None,
+    M: Tensor,
+    V: Tensor,
+    Pv: Tensor,
+    PHI: Tensor,
+    ok: Tensor | None,
+    *,
+    cdt: torch.dtype,
+    transposed: bool,
+    optimal: bool,
+    root: float,
+    b1: float | Tensor,
+    b2: float | Tensor,
+    b3: float | Tensor,
+    eps: float | Tensor,
+    gamma: float | Tensor,
+    alpha_c: float | Tensor,
+    bc1: float | Tensor | None,
+    bc2: float | Tensor | None,
+) -> Tensor:
+    """One plain Alice step of ``k`` same-shape matrices, in place on their state bank.
+
+    Pure tensor code (no host read), run eagerly or under ``torch.compile(fullgraph=True)`` with the
+    hyper-parameters as 0-d tensors (``Alice(compile=True)``). The arithmetic of
+    :meth:`Alice._matrix_update` (fused optimal compensation) on ``(k, ·, ·)`` stacks.
+
+    Args:
+        G: ``(k, rows, cols)`` gradients as stored.
+        U: ``(k, m, r)`` projection (the bank, or a refresh's new basis).
+        Qt: ``(k, r, r)`` tracked covariance to update (``None`` for Alice-0).
+        Qt_bank: Where ``Q̃`` is stored (``None`` for Alice-0).
+        M: ``(k, r, n)`` first moments (in place).
+        V: ``(k, r, n)`` second moments (in place).
+        Pv: ``(k, n)`` compensation norms ``p`` (in place).
+        PHI: ``(k,)`` limiter norms (in place).
+        ok: ``None``, or the deferred finiteness flag: where it is false nothing is written.
+        cdt: Compute dtype.
+        transposed: The weights are used transposed (``m`` is their column count).
+        optimal: Apply the optimal compensation (``m > r``).
+        root: ``√(m − r)``.
+        b1: β1.
+        b2: β2.
+        b3: β3.
+        eps: ε.
+        gamma: Limiter threshold.
+        alpha_c: Compensation scale.
+        bc1: ``1 − β1ᵗ`` with bias correction, else ``None``.
+        bc2: ``1 − β2ᵗ`` with bias correction, else ``None``.
+
+    Returns:
+        The bracket ``U(ω − cσD) + cGD`` in the weights' orientation, ``(k, rows, cols)``; the caller
+        adds ``−λα`` times it.
+    """
+
+    def write(dst: Tensor, new: Tensor, old: Tensor) -> None:
+        dst.copy_(new if ok is None else torch.where(ok, new, old))
+
+    G = G.to(cdt)
+    G = G.mT if transposed else G  # k×m×n
+    if ok is not None:
+        G = torch.where(ok, G, 0.0)
+    U = U.to(cdt)
+    sigma = torch.bmm(U.mT, G)  # k×r×n
+    if Qt is not None and Qt_bank is not None:
+        Qt = Qt.to(cdt)
+        write(Qt_bank, _ema_outer(Qt, sigma, sigma.mT, b3), Qt)
+    m_old, v_old = M.to(cdt), V.to(cdt)
+    m1 = ema_update(m_old, sigma, b1)
+    v = _ema_square(v_old, sigma, b2)
+    write(M, m1, m_old)
+    write(V, v, v_old)
+    if ok is not None:  # a skipped step: ω from the kept moments
+        m1, v = M.to(cdt), V.to(cdt)
+    if bc1 is not None and bc2 is not None:
+        omega = (m1 / bc1) / ((v / bc2).sqrt_().add_(eps))
+    else:
+        omega = torch.div(m1, v.sqrt().add_(eps))
+    colscale = None
+    if optimal:
+        res_sq = (G.square().sum(1) - sigma.square().sum(1)).clamp_min_(0)  # k×n
+        p_old = Pv.to(cdt)
+        write(Pv, ema_update(p_old, res_sq, b1), p_old)
+        d = Pv.to(cdt).sqrt().add_(eps).reciprocal_()
+        c_norm = root * torch.sqrt((res_sq * d.square()).sum(-1))  # k
+        eta = limiter_eta(c_norm.to(PHI.dtype), PHI, gamma)
+        write(PHI, eta * c_norm, PHI)
+        colscale = d * ((alpha_c * root) * eta.to(cdt).unsqueeze(1))
+        omega = omega.sub_(sigma * colscale.unsqueeze(1))
+    # U(ω − cσD) + cGD, as the loop's bracket
+    upd = torch.bmm(U, omega) if colscale is None else torch.baddbmm(G * colscale.unsqueeze(1), U, omega)
+    return upd.mT if transposed else upd
 
 
 def _orthonormal(group: dict[str, Any]) -> bool:

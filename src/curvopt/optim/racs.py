@@ -27,6 +27,7 @@ method group are rejected with a message — never silently reshaped.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -163,6 +164,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
             "state_dtype": None,
             "foreach": None,
             "check_finite": None,
+            "compile": False,
             **defaults,
         }
         super().__init__(params, defaults)
@@ -440,6 +442,41 @@ class MatrixOptimizer(torch.optim.Optimizer):
         cache[ident] = {"stacked": stacked, "views": views}
         return stacked
 
+    def _compiled(self, fn: Callable[..., Any], key: tuple[Any, ...]) -> Callable[..., Any]:
+        """``torch.compile(fn, fullgraph=True, dynamic=False)`` for one shape bucket ``key`` (never saved).
+
+        Each bucket compiles a copy of ``fn``'s code object: torch keeps compiled graphs per code
+        object and stops recompiling one after ``cache_size_limit`` (8) shapes, so a model with many
+        weight shapes would fall back to eager; per bucket, each copy holds one graph.
+        """
+        cache: dict[Any, Any] = self.__dict__.setdefault("_compiled_fns", {})
+        full_key = (fn, *key)
+        if full_key not in cache:
+            clone = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
+            clone.__kwdefaults__ = fn.__kwdefaults__
+            cache[full_key] = torch.compile(clone, fullgraph=True, dynamic=False)
+        return cache[full_key]
+
+    def _hyper_tensor(
+        self, group: dict[str, Any], name: str, value: float | Tensor, device: torch.device
+    ) -> Tensor:
+        """A hyper-parameter as a 0-d float64 tensor on ``device`` for the compiled update.
+
+        Kept per group and refilled (one op) only when the value changes, so a scheduled lr neither
+        recompiles the update nor allocates a tensor per step.
+        """
+        if isinstance(value, Tensor):
+            return value.to(device=device, dtype=torch.float64)
+        cache: dict[Any, list[Any]] = self.__dict__.setdefault("_hyper", {})
+        key = (id(group), name, device)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = [value, torch.full((), value, dtype=torch.float64, device=device)]
+        elif entry[0] != value:
+            entry[0] = value
+            entry[1].fill_(value)
+        return entry[1]
+
     @staticmethod
     def _use_foreach(group: dict[str, Any], params: list[Tensor]) -> bool:
         """The group's ``foreach`` setting; ``None`` (the default) means on when every parameter is on CUDA.
@@ -451,6 +488,8 @@ class MatrixOptimizer(torch.optim.Optimizer):
         ``torch._foreach_*`` calls. On a CPU the loop is as fast and uses less memory, so it stays the
         default there.
         """
+        if group.get("compile"):
+            return True  # the compiled update is the stacked one
         foreach = group.get("foreach")
         if foreach is None:
             return all(p.device.type == "cuda" for p in params)
@@ -572,6 +611,78 @@ def racs_fixed_point(P: Tensor, n_iter: int = 5, q0: Tensor | None = None) -> tu
     return s_col.squeeze(2), q_col.squeeze(2)
 
 
+def ema_update(old: Tensor, new: Tensor, beta: float | Tensor) -> Tensor:
+    """``β·old + (1−β)·new``: as the per-matrix loop computes it for a float β, in plain ops for a tensor."""
+    if isinstance(beta, Tensor):
+        return old * beta + new * (1 - beta)
+    return old.mul(beta).add_(new, alpha=1 - beta)
+
+
+def racs_bank_update(
+    G: Tensor,
+    S: Tensor,
+    Q: Tensor,
+    PHI: Tensor,
+    ok: Tensor | None,
+    *,
+    cdt: torch.dtype,
+    n_iter: int,
+    warm: bool,
+    limiter: bool,
+    beta: float | Tensor,
+    eps: float | Tensor,
+    gamma: float | Tensor,
+    scale: float | Tensor,
+) -> tuple[Tensor, Tensor]:
+    """One RACS step of ``k`` same-shape matrices, in place on their state bank.
+
+    Pure tensor code (no host read), run eagerly or under ``torch.compile(fullgraph=True)`` with the
+    hyper-parameters as 0-d tensors (``RACS(compile=True)``).
+
+    Args:
+        G: ``(k, m, n)`` gradients.
+        S: ``(k, n)`` bank of ``s`` (updated in place).
+        Q: ``(k, m)`` bank of ``q`` (updated in place).
+        PHI: ``(k,)`` bank of the limiter norms (updated in place).
+        ok: ``None``, or the deferred finiteness flag: where it is false the step writes nothing.
+        cdt: Compute dtype.
+        n_iter: Fixed-point iterations.
+        warm: Start the fixed point from the stored ``q``.
+        limiter: Apply the norm-growth limiter.
+        beta: EMA decay of ``s``, ``q``.
+        eps: Floor on ``s``, ``q``.
+        gamma: Limiter threshold.
+        scale: ``−lr·α``.
+
+    Returns:
+        ``(G, step)``: the weights move by ``G ⊙ step`` (``G`` zeroed in a skipped step).
+    """
+    G = G.to(cdt)
+    if ok is not None:
+        G = torch.where(ok, G, 0.0)
+    P = G * G
+    s_old, q_old = S.to(cdt), Q.to(cdt)
+    s_fp, q_fp = racs_fixed_point(P, n_iter, q_old if warm else None)
+    s = ema_update(s_old, s_fp, beta)
+    q = ema_update(q_old, q_fp, beta)
+    S.copy_(s if ok is None else torch.where(ok, s, s_old))
+    Q.copy_(q if ok is None else torch.where(ok, q, q_old))
+    a = Q.to(cdt).clamp_min(eps).rsqrt_()  # the kept q in a skipped step: finite
+    b = S.to(cdt).clamp_min(eps).rsqrt_()
+    # ‖G̃‖²_F = (q⁻¹)ᵀ P s⁻¹ per matrix, as in the loop
+    norm = torch.bmm(torch.bmm((a * a).unsqueeze(1), P), (b * b).unsqueeze(2))
+    norm = norm.view(G.shape[0]).clamp_min_(0).sqrt_()
+    if limiter:
+        eta = limiter_eta(norm.to(PHI.dtype), PHI, gamma)
+        new_phi = eta * norm
+    else:
+        eta = torch.ones_like(PHI)
+        new_phi = norm.to(PHI.dtype)
+    PHI.copy_(new_phi if ok is None else torch.where(ok, new_phi, PHI))
+    a = a * (eta.to(cdt) * scale).unsqueeze(1)
+    return G, torch.mul(a.unsqueeze(2), b.unsqueeze(1), out=P)  # P is no longer needed
+
+
 # Elements of one stacked chunk of the foreach path on a CPU: its three k×m×n fp32 temporaries (G,
 # P = G⊙G, the scaled step) then take at most 3 × 32 MiB beside the model (all 32 512×512 attention
 # matrices of LLaMA-60M in one chunk). On CUDA a bucket is never chunked: every chunk costs its own
@@ -636,6 +747,9 @@ class RACS(MatrixOptimizer):
             is set, and :meth:`raise_if_nonfinite` (which the training loop calls with its loss
             read) raises; ``None`` (default): deferred when every gradient is on CUDA and the step
             is stacked (``foreach``), eager otherwise.
+        compile: Run the stacked update of each shape bucket under ``torch.compile(fullgraph=True,
+            dynamic=False)``, with the hyper-parameters as 0-d tensors (a scheduled lr does not
+            recompile); implies the stacked path. Opt-in: the first step compiles (tens of seconds).
 
     Raises:
         ValueError: On an out-of-range hyperparameter or a non-2-D parameter in a method group.
@@ -680,6 +794,7 @@ class RACS(MatrixOptimizer):
         state_dtype: str | torch.dtype | None = None,
         foreach: bool | None = None,
         check_finite: str | None = None,
+        compile: bool = False,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -696,6 +811,7 @@ class RACS(MatrixOptimizer):
             "state_dtype": state_dtype,
             "foreach": foreach,
             "check_finite": check_finite,
+            "compile": compile,
         }
         super().__init__(params, defaults)
 
@@ -792,34 +908,24 @@ class RACS(MatrixOptimizer):
             key = (m, n, p.dtype, state["s"].dtype, state["phi"].dtype, p.device, warm)
             buckets.setdefault(key, []).append(p)
         scale = -group["lr"] * group["alpha"]
+        ok = self.__dict__.get("_step_ok")
+        hyper: dict[str, Any] = {"beta": beta, "eps": eps, "gamma": group["gamma"], "scale": scale}
         for (m, n, *_, device, warm), bucket in buckets.items():
             cdt = compute_dtype(bucket[0])
             full = self._bank(bucket, ("s", "q", "phi"))
+            if group.get("compile"):
+                hyper = {k: self._hyper_tensor(group, k, v, device) for k, v in hyper.items()}
             for part in chunk_slices(len(bucket), m * n, device):
                 ps = bucket[part]
                 bank = bank_slice(full, part, len(bucket))
-                G = self._sanitized(torch.stack([p.grad for p in ps]).to(cdt))
-                P = G * G
-                S, Q, PHI = bank["s"], bank["q"], bank["phi"]
-                s_old, q_old = S.to(cdt), Q.to(cdt)
-                s_fp, q_fp = racs_fixed_point(P, int(group["n_iter"]), q_old if warm else None)
-                s = s_old.mul(beta).add_(s_fp, alpha=1 - beta)
-                q = q_old.mul(beta).add_(q_fp, alpha=1 - beta)
-                S.copy_(self._gated(s, s_old))
-                Q.copy_(self._gated(q, q_old))
-                a = Q.to(cdt).clamp_min(eps).rsqrt_()  # the kept q in a skipped step: finite
-                b = S.to(cdt).clamp_min(eps).rsqrt_()
-                # ‖G̃‖²_F = (q⁻¹)ᵀ P s⁻¹ per matrix, as in the loop
-                norm = torch.bmm(torch.bmm((a * a).unsqueeze(1), P), (b * b).unsqueeze(2))
-                norm = norm.view(len(ps)).clamp_min_(0).sqrt_()
-                if group["limiter"]:
-                    eta = limiter_eta(norm.to(PHI.dtype), PHI, group["gamma"])
-                    PHI.copy_(self._gated(eta * norm, PHI))
-                else:
-                    eta = torch.ones_like(PHI)
-                    PHI.copy_(self._gated(norm.to(PHI.dtype), PHI))
-                a.mul_((eta.to(cdt) * scale).unsqueeze(1))
-                step = torch.mul(a.unsqueeze(2), b.unsqueeze(1), out=P)  # P is no longer needed
+                G = torch.stack([p.grad for p in ps])
+                update = racs_bank_update
+                if group.get("compile"):
+                    update = self._compiled(racs_bank_update, (m, n, len(ps), cdt, device, warm, ok is None))
+                G, step = update(
+                    G, bank["s"], bank["q"], bank["phi"], ok, cdt=cdt, n_iter=int(group["n_iter"]),
+                    warm=warm, limiter=bool(group["limiter"]), **hyper,
+                )  # fmt: skip
                 torch._foreach_addcmul_(ps, list(G.unbind(0)), list(step.unbind(0)))
 
     def _scratch(self, name: str, m: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -63,3 +63,13 @@ def test_wandb_is_silent_unless_asked(monkeypatch, value, silent):
     else:
         monkeypatch.setenv("WANDB_SILENT", value)
     assert wandb_silent_default() is silent
+
+
+def test_a_resumed_run_starts_the_bar_where_it_stopped():
+    out = io.StringIO()
+    cfg = TrainerConfig(max_steps=100000, max_algo_time_s=150.0)
+    progress = BudgetProgress(cfg, "run", file=out, disable=False, start=(40, 0.4, 100.0))
+    assert progress.bar.n == pytest.approx(100.0) and progress.bar.initial == pytest.approx(100.0)
+    progress.update(42, 0.42, 105.0)
+    assert progress.bar.n == pytest.approx(105.0)
+    progress.close()

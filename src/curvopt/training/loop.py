@@ -157,17 +157,26 @@ class BudgetProgress:
         desc: The bar's label (the run id).
         file: Where the bar goes (``None``: stderr).
         disable: ``None``: shown on a terminal only; ``False``: always (tests).
+        start: ``(step, epoch, algorithm seconds)`` the run starts from (a resumed run's).
     """
 
-    def __init__(self, cfg: TrainerConfig, desc: str, file: Any = None, disable: bool | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        desc: str,
+        file: Any = None,
+        disable: bool | None = None,
+        start: tuple[int, float, float] = (0, 0.0, 0.0),
+    ) -> None:
         from tqdm.auto import tqdm
 
         self.cfg = cfg
-        self.unit, _, total = binding_budget(cfg, 0, 0.0, 0.0)
+        self.unit, done, total = binding_budget(cfg, *start)
         # smoothing=0: the rate is the run's average, which a budget in algorithm seconds needs
         # (evaluation pauses the count but not the clock)
         self.bar = tqdm(
             total=total,
+            initial=min(done, total),  # a resumed run: the rate counts only this session's progress
             desc=desc,
             unit=self.unit,
             unit_scale=True,
@@ -198,6 +207,7 @@ class BudgetProgress:
         unit, done, total = binding_budget(self.cfg, step, epoch, algo_time)
         if unit != self.unit:
             self.unit, self.bar.unit, self.bar.total = unit, unit, total
+            self.bar.initial = 0  # the rate from here on: this unit's count over the session's time
         postfix = {"step": f"{step}" if unit == "step" else f"{step}/{self.cfg.max_steps}"}
         if isinstance(loss, (int, float)):
             postfix["loss"] = f"{loss:.4g}"
@@ -596,8 +606,9 @@ class Trainer:
         stop_reason = None
         progress = None
         if self.cfg.progress and self.dist.is_main:
-            progress = BudgetProgress(self.cfg, self.run_dir.name)
-            progress.update(self.step, self.epoch, self.algo_time)
+            progress = BudgetProgress(
+                self.cfg, self.run_dir.name, start=(self.step, self.epoch, self.algo_time)
+            )
         failure: BaseException | None = None
         signals = StopSignals()
         with signals:

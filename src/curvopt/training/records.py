@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import torch
 
-from curvopt.errors import RunInUseError
+from curvopt.errors import CorruptDataError, RunInUseError
 
 METRICS_NAME = "metrics.jsonl"
 PARKED_METRICS_NAME = "metrics.jsonl.gz"  # a paused run's rows, gzipped for git (park_metrics)
@@ -127,11 +127,13 @@ def finite_json(value: Any) -> Any:
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def path_roots(data_dir: str | Path | None = None) -> list[tuple[str, str]]:
+def path_roots(data_dir: str | Path | None = None, machine: bool = True) -> list[tuple[str, str]]:
     """The machine's absolute folders a record may name, and what a record says instead.
 
     Args:
         data_dir: The run's data directory (``paths.data_dir``); ``None``: ``$CURVOPT_DATA_DIR``.
+        machine: Also the Python prefix, temporary and home folders; ``False``: the data directory
+            and the repository only (a message naming a file elsewhere keeps its full path).
 
     Returns:
         ``(absolute folder, replacement)`` pairs, longest folder first: the data directory ->
@@ -140,12 +142,13 @@ def path_roots(data_dir: str | Path | None = None) -> list[tuple[str, str]]:
     """
     roots: dict[str, str] = {}
     data = data_dir if data_dir is not None else os.environ.get("CURVOPT_DATA_DIR")
-    candidates = [
-        (REPO_ROOT, ""),
-        (Path(sys.prefix), "$PYTHON_PREFIX"),
-        (Path(tempfile.gettempdir()), "$TMPDIR"),
-        (Path.home(), "~"),
-    ]
+    candidates = [(REPO_ROOT, "")]
+    if machine:
+        candidates += [
+            (Path(sys.prefix), "$PYTHON_PREFIX"),
+            (Path(tempfile.gettempdir()), "$TMPDIR"),
+            (Path.home(), "~"),
+        ]
     if data:
         candidates.insert(0, (Path(data), "$CURVOPT_DATA_DIR"))
     for folder, name in candidates:
@@ -386,8 +389,9 @@ class RunRecorder:
         Args:
             summary: The run summary.
         """
-        # no absolute folder of this machine in the record (an error naming a data file, ...)
-        summary = portable_record(finite_json(summary))
+        # paths under the repository or the data directory (an error naming a data file, ...) are
+        # written relative to them; a file elsewhere keeps its full path, so the message still finds it
+        summary = portable_record(finite_json(summary), path_roots(machine=False))
         text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str)
         atomic_write_text(self.summary_path, text + "\n")
 
@@ -448,7 +452,25 @@ def packed_run_ids(exp_dir: Path) -> set[str]:
     path = packed_runs_file(exp_dir)
     if path is None:
         return set()
-    return {json.loads(line)["run_id"] for line in read_text_lines(path)}
+    ids = set()
+    try:
+        for i, line in enumerate(read_text_lines(path), 1):
+            entry = json.loads(line)
+            if not isinstance(entry, dict) or not isinstance(entry.get("run_id"), str):
+                raise ValueError(f"line {i} is not a packed run (no run_id)")
+            ids.add(entry["run_id"])
+    except (OSError, EOFError, ValueError) as err:  # a cut file: JSONDecodeError, BadGzipFile, EOFError
+        what = (
+            f"line {i}: {err.msg}"
+            if isinstance(err, json.JSONDecodeError)
+            else f"{type(err).__name__}: {err}"
+        )
+        raise CorruptDataError(
+            f"{path} is not a valid pack ({what}): it is truncated or half-written, so which runs of "
+            f"{Path(exp_dir).name} are packed is unknown; restore it (git checkout -- {path}, or from a "
+            "backup), then run again"
+        ) from None
+    return ids
 
 
 def park_metrics(run_dir: Path) -> Path:

@@ -66,12 +66,16 @@ def build(method: str, params: list[torch.nn.Parameter], rank: int) -> torch.opt
         return RACS(params, lr=0.02)
     if method in ("racs_loop", "racs_foreach"):  # both paths on the same device, for the ratio
         return RACS(params, lr=0.02, foreach=method == "racs_foreach")
+    if method == "racs_compiled":  # the stacked update under torch.compile (first step compiles)
+        return RACS(params, lr=0.02, compile=True)
     if method == "alice":  # foreach=None: plain steps stacked on CUDA, per-matrix loop on the CPU
         return Alice(params, lr=0.02, rank=rank, leading=40, update_interval=K)
     if method in ("alice_loop", "alice_foreach"):
         return Alice(
             params, lr=0.02, rank=rank, leading=40, update_interval=K, foreach=method == "alice_foreach"
         )
+    if method == "alice_compiled":
+        return Alice(params, lr=0.02, rank=rank, leading=40, update_interval=K, compile=True)
     if method == "alice0":
         return Alice(params, lr=0.02, rank=rank, leading=40, update_interval=K, betas=(0.9, 0.9, 0.0))
     if method == "galore":
@@ -94,7 +98,7 @@ def build(method: str, params: list[torch.nn.Parameter], rank: int) -> torch.opt
 def force_refresh_next(method: str, opt: torch.optim.Optimizer) -> bool:
     """Set every step counter so that the next step is a refresh (steady state, not t = 1)."""
     for st in opt.state.values():
-        if method in ("alice", "alice0", "alice_loop", "alice_foreach"):
+        if method in ("alice", "alice0", "alice_loop", "alice_foreach", "alice_compiled"):
             st["step"] = 2 * K - 1  # next t = 2K ≡ 0 (mod K)
         elif method in ("galore", "fira", "apollo", "apollo_mini"):
             st["step"] = 2 * K  # upstream refreshes when the pre-increment step ≡ 0 (mod gap)
@@ -145,8 +149,10 @@ def formula_bytes(method: str, shapes, rank: int) -> int | None:
         "adamw_foreach": "adam",
         "racs_loop": "racs",
         "racs_foreach": "racs",
+        "racs_compiled": "racs",
         "alice_loop": "alice",
         "alice_foreach": "alice",
+        "alice_compiled": "alice",
     }.get(method, method)
     if key == "kozistr_alice":
         return None

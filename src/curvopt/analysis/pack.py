@@ -85,6 +85,10 @@ NONFINITE = {
 }
 
 
+class RecordError(ValueError):
+    """A run's record file exists but cannot be read (truncated, half-written, edited, or missing its pair)."""
+
+
 def is_packed(exp_dir: str | Path) -> bool:
     """Whether an experiment directory holds a pack.
 
@@ -118,9 +122,29 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
 
+def _damaged(path: str | Path, what: str) -> RecordError:
+    return RecordError(
+        f"{path} {what}: the experiment's pack is truncated or half-written (a copy or checkout cut "
+        f"short); restore it (git checkout -- {path}, or from a backup) and read or pack again"
+    )
+
+
 @functools.lru_cache(maxsize=16)
 def _runs_cached(path: str, stamp: tuple[int, int]) -> tuple[dict[str, Any], ...]:
-    return tuple(json.loads(line) for line in read_text_lines(path))
+    try:
+        lines = read_text_lines(path)
+    except (OSError, EOFError, UnicodeDecodeError) as err:  # a cut runs.jsonl.gz
+        raise _damaged(path, f"cannot be read ({type(err).__name__}: {err})") from None
+    entries = []
+    for i, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise _damaged(path, f"line {i} is not valid JSON ({err.msg})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("run_id"), str):
+            raise _damaged(path, f"line {i} is not a packed run (no run_id)")
+        entries.append(entry)
+    return tuple(entries)
 
 
 def read_packed_runs(exp_dir: str | Path) -> list[dict[str, Any]]:
@@ -148,7 +172,10 @@ class _Metrics:
 
 @functools.lru_cache(maxsize=8)
 def _metrics_cached(path: str, stamp: tuple[int, int]) -> _Metrics:
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as err:
+        raise _damaged(path, f"cannot be read ({type(err).__name__}: {err})") from None
     meta = table.schema.metadata or {}
     json_columns = frozenset(json.loads(meta.get(JSON_COLUMNS_KEY, b"[]")))
     ids = table.column("run_id").to_pylist()
@@ -164,7 +191,14 @@ def _metrics_cached(path: str, stamp: tuple[int, int]) -> _Metrics:
 def _packed_metrics(exp_dir: Path) -> _Metrics | None:
     path = exp_dir / PACKED_METRICS
     if not path.exists():
-        return None
+        runs = packed_runs_file(exp_dir)
+        if runs is None:
+            return None
+        raise RecordError(
+            f"{runs} lists {len(read_packed_runs(exp_dir))} packed runs but {path} is missing: their "
+            f"metrics rows are not in this checkout. Restore it (git checkout -- {path}, or from a backup); "
+            "the runs would otherwise read as finished with no rows"
+        )
     return _metrics_cached(str(path), _stamp(path))
 
 
@@ -397,7 +431,11 @@ def pack_experiment(
 
 
 def _write_pack(
-    exp_dir: Path, table: pa.Table, entries: list[dict[str, Any]], compression: str = "zstd"
+    exp_dir: Path,
+    table: pa.Table,
+    entries: list[dict[str, Any]],
+    compression: str = "zstd",
+    runs_first: bool = False,
 ) -> None:
     """Write ``metrics.parquet`` and ``runs.jsonl`` (one line per entry, in the table's run order).
 
@@ -422,17 +460,27 @@ def _write_pack(
     tmp_metrics, tmp_runs = exp_dir / f".{PACKED_METRICS}.tmp", exp_dir / f".{name}.tmp"
     pq.write_table(table, tmp_metrics, compression=compression, use_dictionary=["run_id"])
     tmp_runs.write_bytes(text)
-    tmp_metrics.replace(exp_dir / PACKED_METRICS)
-    tmp_runs.replace(exp_dir / name)
+    # a kill between the two renames leaves runs.jsonl naming only runs metrics.parquet holds:
+    # adding runs, metrics.parquet goes first; taking one out (runs_first), runs.jsonl does
+    first, second = (tmp_runs, exp_dir / name), (tmp_metrics, exp_dir / PACKED_METRICS)
+    for tmp, dest in (first, second) if runs_first else (second, first):
+        tmp.replace(dest)
     (exp_dir / stale).unlink(missing_ok=True)
+
+
+def _record_texts(summary: Any, config: Any, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """A loose run's three record files' text, as the run logger writes them."""
+    return {
+        "summary.json": json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n",
+        "config.yaml": yaml.safe_dump(config, sort_keys=False),
+        "metrics.jsonl": "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows),
+    }
 
 
 def _write_records(run_dir: Path, summary: Any, config: Any, rows: list[dict[str, Any]]) -> None:
     """A loose run's three record files, as the run logger writes them (each atomically)."""
-    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False, default=str)
-    atomic_write_text(run_dir / "summary.json", text + "\n")
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+    for name, text in _record_texts(summary, config, rows).items():
+        atomic_write_text(run_dir / name, text)
 
 
 def _verify(exp_dir: Path, run_dirs: list[Path]) -> None:
@@ -582,37 +630,61 @@ def unpack_run(run_dir: str | Path) -> int:
     entry = next((r for r in read_packed_runs(exp_dir) if r["run_id"] == run_id), None)
     if entry is None:
         raise FileNotFoundError(f"{run_id} is not in the pack of {exp_dir} (no {PACKED_RUNS} entry)")
-    loose = [f for f in (*RECORD_FILES, PARKED_METRICS_NAME) if (run_dir / f).exists()]
-    if loose:
-        raise FileExistsError(
-            f"{run_dir} already holds {', '.join(loose)}: a run there has records of its own; move them "
-            "elsewhere (or pack the experiment, which keeps the loose run) before unpacking"
-        )
-    if run_dir.is_dir():
-        RunLock(run_dir).check()
     rows = _loose_rows(exp_dir, entry)
-    run_dir.mkdir(exist_ok=True)
-    _write_records(run_dir, entry["summary"], entry["config"], rows)
-    _drop_from_pack(exp_dir, run_id)
+    texts = _record_texts(entry["summary"], entry["config"], rows)
+    # files an unpack of this run wrote before it was killed are its own: the unpack goes on
+    loose = [
+        f
+        for f in (*RECORD_FILES, PARKED_METRICS_NAME)
+        if (run_dir / f).exists() and _read_or_none(run_dir / f) != texts.get(f)
+    ]
+    if loose:
+        complete = all((run_dir / f).exists() for f in ("summary.json", "metrics.jsonl"))
+        raise FileExistsError(
+            f"{run_dir} already holds {', '.join(loose)} that differ from the packed run: a run there has "
+            "records of its own. "
+            + (
+                f"Pack the experiment (python -m curvopt.analysis.pack {exp_dir}: the loose run replaces the "
+                "packed one) or move the files elsewhere, then unpack again"
+                if complete
+                else f"Move {', '.join(loose)} out of {run_dir} (they are not a whole run), then unpack again"
+            )
+        )
+    lock = RunLock(run_dir)
+    lock.acquire()  # no run may start in the directory while its records come back
+    try:
+        _write_records(run_dir, entry["summary"], entry["config"], rows)
+        _drop_from_pack(exp_dir, run_id)
+    finally:
+        lock.release()
     return len(rows)
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _drop_from_pack(exp_dir: Path, run_id: str) -> None:
     """Rewrite the pack of ``exp_dir`` without ``run_id`` (both files; removed when it was the last run)."""
     entries = [r for r in read_packed_runs(exp_dir) if r["run_id"] != run_id]
     metrics, runs = exp_dir / PACKED_METRICS, packed_runs_file(exp_dir)
-    if not entries:
-        metrics.unlink(missing_ok=True)
+    if not entries:  # runs.jsonl first: a kill in between leaves no pack, not runs without rows
         if runs is not None:
             runs.unlink()
+        metrics.unlink(missing_ok=True)
         return
-    table = pq.read_table(metrics)
+    packed = _packed_metrics(exp_dir)
+    assert packed is not None
+    table = packed.table
     meta = table.schema.metadata
     kept_columns = ["run_id"]
     for r in entries:
         kept_columns += [c for c in r["columns"] if c not in kept_columns and c in table.column_names]
     table = table.filter(pc.not_equal(table["run_id"], run_id)).select(kept_columns)
-    _write_pack(exp_dir, table.replace_schema_metadata(meta), entries)
+    _write_pack(exp_dir, table.replace_schema_metadata(meta), entries, runs_first=True)
 
 
 def experiments_under(path: str | Path) -> list[Path]:
@@ -685,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     for run_dir in args.unpack:
         try:
             rows = unpack_run(run_dir)
-        except (FileNotFoundError, FileExistsError, RunInUseError) as exc:
+        except (FileNotFoundError, FileExistsError, RunInUseError, RecordError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"unpacked {run_dir}: {rows} rows, config.yaml and summary.json; it is out of the pack")
@@ -702,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     for src, dst in args.move:
         try:
             print(f"moved {src} -> {move_run(src, dst)}")
-        except (FileNotFoundError, FileExistsError) as exc:
+        except (FileNotFoundError, FileExistsError, RunInUseError, RecordError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     if not args.paths:
@@ -711,7 +783,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.paths:
         for exp in experiments_under(path):
             found = True
-            res = pack_experiment(exp, remove=not args.keep, compression=args.compression)
+            try:
+                res = pack_experiment(exp, remove=not args.keep, compression=args.compression)
+            except RecordError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             skipped = (
                 f"; left unpacked (running, interrupted or killed): {', '.join(res.skipped)}"
                 if res.skipped

@@ -9,15 +9,14 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from curvopt.analysis.pack import loose_run_dirs, packed_run_frame, read_packed_runs
+from curvopt.analysis.pack import RecordError, loose_run_dirs, packed_run_frame, read_packed_runs
 from curvopt.training.records import has_metrics, read_metrics
 
 # load_summaries' status of a run directory without summary.json (it is running, or was killed)
 RUNNING_OR_KILLED = "running_or_killed"
 
 
-class RecordError(ValueError):
-    """A run's record file exists but cannot be read (truncated, half-written, edited)."""
+__all__ = ["RUNNING_OR_KILLED", "RecordError", "load_runs", "load_summaries", "read_run_metrics", "run_dirs"]
 
 
 def _read_record(path: Path, what: str) -> Any:

@@ -81,8 +81,9 @@ def gpu_smoke_line(results: Path) -> str:
         device = str(data.get("device") or path.parent.name)
         where = f"results/{path.relative_to(results).as_posix()}"
         parts.append(
-            f"{name} entries on the {device}: {c['pass']} of {c['total']} pass, {c['skipped']} skipped "
-            f"(their data were not on that machine), {c['fail']} fail (`{where}`)"
+            f"{name} entries on the {device}: {c['pass']} of {c['total']} pass, {c['skipped']} skipped"
+            + (" (their data were not on that machine)" if c["skipped"] else "")
+            + f", {c['fail']} fail (`{where}`)"
         )
     return ("GPU smoke, a few steps of each experiment: " + "; ".join(parts) + ".") if parts else ""
 

@@ -16,6 +16,6 @@ def test_bench_hfcg_writes_one_row_per_size(tmp_path):
     assert row["n"] == 20 and row["iters"] == 3 and row["num_params"] == 2_837_314
     assert all(row[k] > 0 for k in ("gv", "damped", "cg_iter", "cg_rest"))
     # CG reads its scalars (p·Ap, r·r, the progress value, r·z) in one stacked .tolist() per
-    # iteration (issue 41), which the profiler does not list as _local_scalar_dense: only the
-    # solve's own reads (the preconditioner check) are left here
-    assert row["syncs_per_iter"] < 1
+    # iteration (issue 41; it was 4 reads), which the benchmark counts beside the profiler's
+    # _local_scalar_dense events; the solve's own reads (the preconditioner check) add a fraction
+    assert 1 <= row["syncs_per_iter"] < 2

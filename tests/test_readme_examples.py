@@ -123,3 +123,37 @@ def test_readme_make_commands_exist() -> None:
     assert used
     missing = sorted(set(used) - defined)
     assert not missing, missing
+
+
+def _shell_blocks() -> list[tuple[Path, str]]:
+    return [
+        (path, block)
+        for path in [README, *DOCS]
+        for block in re.findall(r"^```(?:bash|sh)\n(.*?)^```$", path.read_text(), flags=re.S | re.M)
+    ]
+
+
+def test_shell_snippets_name_what_exists() -> None:
+    """The shell blocks of README and docs are too long to run here (hours of training); what they
+    name must exist: make targets, `python -m` modules, `experiment=` configs."""
+    import importlib.util
+
+    defined = set()
+    for mk in [ROOT / "Makefile", *(ROOT / "mk").glob("*.mk")]:
+        defined |= set(re.findall(r"^([A-Za-z0-9_.-]+):", mk.read_text(), flags=re.M))
+    experiments = {p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")}
+    missing = []
+    for path, block in _shell_blocks():
+        where = path.relative_to(ROOT)
+        for target in re.findall(r"(?:^|[;&|]\s*|\s)make ([a-z][a-z0-9-]*)", block, flags=re.M):
+            if target not in defined:
+                missing.append(f"{where}: make {target}")
+        for module in re.findall(r"python3? -m ([A-Za-z_][\w.]*)", block):
+            if module.split(".")[0] in ("pytest", "pip", "venv", "torch", "ruff"):
+                continue
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{where}: python -m {module}")
+        for name in re.findall(r"\bexperiment=([\w]+)", block):
+            if name not in experiments:
+                missing.append(f"{where}: experiment={name}")
+    assert not missing, missing

@@ -94,8 +94,8 @@ def time_steps(
     """Step times of ``steps`` updates (the first included) on one fixed random batch."""
     from omegaconf import open_dict
 
+    from curvopt.api import DataBundle
     from curvopt.objective import Objective
-    from curvopt.training.algorithm import DataBundle
     from curvopt.training.build import build_algorithm, build_model
 
     cfg = compose_cfg(size, method_key, extra)

@@ -480,7 +480,7 @@ def test_quadratic_variant_via_factory():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3))
     data = type("D", (), {})()
-    from curvopt.training.algorithm import DataBundle
+    from curvopt.api import DataBundle
 
     data = DataBundle(train=(torch.randn(20, 4), torch.randint(0, 3, (20,))))
     algo = build_fosi(

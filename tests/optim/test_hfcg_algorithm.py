@@ -10,11 +10,11 @@ from torch import nn
 from torch.func import functional_call, grad, jacrev
 
 import curvopt.optim.hf_cg as hf
+from curvopt.api import DataBundle
 from curvopt.curvature.cg import MartensCGResult
 from curvopt.data.synthetic import low_rank_images
 from curvopt.models.mlp import autoencoder
 from curvopt.objective import Objective, flatten, per_example_loss
-from curvopt.training.algorithm import DataBundle
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from curvopt.api import DataBundle
 from curvopt.objective import Objective, flatten, unflatten
 from curvopt.optim.shf import (
     SHF,
@@ -17,7 +18,6 @@ from curvopt.optim.shf import (
     next_batch_size_rule,
     variance_batch_size,
 )
-from curvopt.training.algorithm import DataBundle
 
 D = 12
 

@@ -1,8 +1,7 @@
 """The ``torch.optim`` adapter the loop runs gradient transforms through.
 
-The contract types (:data:`Batch`, :class:`DataBundle`, the :class:`Algorithm` protocol and
-:class:`AlgorithmBase`) live in :mod:`curvopt.api`, a leaf module that methods and data loaders
-import; they are re-exported here so ``from curvopt.training.algorithm import ...`` keeps working.
+The contract types (``Batch``, ``DataBundle``, the ``Algorithm`` protocol and ``AlgorithmBase``)
+live in :mod:`curvopt.api`, a leaf module that methods and data loaders import; import them from there.
 """
 
 from __future__ import annotations
@@ -14,10 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvopt.api import Algorithm, AlgorithmBase, Batch, DataBundle
+# Algorithm and DataBundle only for training/loop.py, until it imports them from curvopt.api
+from curvopt.api import Algorithm, AlgorithmBase, Batch, DataBundle  # noqa: F401
 from curvopt.objective import Objective
 
-__all__ = ["Algorithm", "AlgorithmBase", "Batch", "DataBundle", "TorchOptimizerAlgorithm"]
+__all__ = ["TorchOptimizerAlgorithm"]
 
 
 def _lbfgs_step_info(optimizer: torch.optim.LBFGS) -> dict[str, float]:

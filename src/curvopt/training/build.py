@@ -34,9 +34,10 @@ import torch
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from curvopt.api import Algorithm, DataBundle
 from curvopt.errors import BadInputError, ConfigError, CorruptDataError, exit_code
 from curvopt.objective import Objective, mean_loss
-from curvopt.training.algorithm import Algorithm, DataBundle, TorchOptimizerAlgorithm
+from curvopt.training.algorithm import TorchOptimizerAlgorithm
 from curvopt.training.distributed import (
     SINGLE,
     DistInfo,

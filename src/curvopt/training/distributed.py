@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from curvopt.training.algorithm import Algorithm, TorchOptimizerAlgorithm
+from curvopt.api import Algorithm
+from curvopt.training.algorithm import TorchOptimizerAlgorithm
 
 log = logging.getLogger(__name__)
 

@@ -376,7 +376,10 @@ def to_markdown(rec: dict[str, Any]) -> str:
                 if "minutes_before" in est
                 else ""
             )
-            + "; gradients and line searches are not included.",
+            + "; gradients and line searches are not included. The H200 measured 6.07 ms per CG iteration "
+            "at 6,250 on 2026-11-27 (docs/gpu_ledger.md, smoke-probe), 1.8× this model's 'before': each of "
+            "its 4 host reads a iteration serialised launches and arithmetic, which the model (launches + "
+            "FLOP floor) leaves out; the bench-lean slice measures the one-read iteration.",
         ]
     lines += [
         "",

@@ -175,6 +175,16 @@ def run(
         except ImportError as err:
             print(f"skip {method}: {err}")
             continue
+        step_path = None
+        if hasattr(opt, "_use_foreach"):  # RACS / Alice: which code path a plain step takes
+            group = opt.param_groups[0]
+            step_path = (
+                "compiled"
+                if group.get("compile")
+                else "stacked"
+                if opt._use_foreach(group, params)
+                else "per-matrix"
+            )
         first = time_steps(opt, params, grads, 1)[0]
         time_steps(opt, params, grads, warmup)
         plain = time_steps(opt, params, grads, steps)
@@ -209,6 +219,7 @@ def run(
             "formula_bytes": formula,
             "state_vs_formula": (state / formula - 1) if formula else None,
             **syncs,
+            **({"step_path": step_path} if step_path else {}),
         }
         results.append(row)
         ref = f"{refresh_ms:9.1f}" if refresh_ms is not None else "        -"

@@ -116,11 +116,16 @@ def llm_rows(data: dict) -> list[dict]:
         return []
     rows = []
     for key, r in res.items():
+        label = LLM_LABELS.get(key, key)
+        if key in ("racs", "alice", "alice0") and data.get("device") == "cuda":
+            # CUDA records made before the stacked, banked path (issue 41) do not say their path
+            path = r.get("step_path") or "per-matrix loop, the earlier CUDA path"
+            label = f"{label} ({path})"
         rows.append(
             {
                 "paper": "RACS/Alice",
                 "task": "LLaMA-60M matrices (step on fixed grads)",
-                "optimizer": LLM_LABELS.get(key, key),
+                "optimizer": label,
                 "step ms": r["amortised_ms"],
                 "step / Adam": r["amortised_ms"] / ref["amortised_ms"],
                 "state MiB": r["state_bytes"] / 2**20,
@@ -220,8 +225,8 @@ SOURCES = {
 
 
 # Where each device's outputs are, newest first: the CPU's full run, else its quick one; on CUDA the
-# slices' outputs (``cuda/foreach``: the llm-sizes slice's re-measurement of the RACS step paths).
-DEVICE_DIRS = {"cpu": ("", "quick"), "cuda": ("cuda/foreach", "cuda")}
+# slices' outputs (``cuda/lean``: the bench-lean slice's measurement of the stacked, banked steps).
+DEVICE_DIRS = {"cpu": ("", "quick"), "cuda": ("cuda/lean", "cuda/foreach", "cuda")}
 
 
 def device_label(data: dict) -> str:
@@ -235,7 +240,7 @@ def table(bench_dir: Path = BENCH, out_dir: Path = REPO / "results" / "tables") 
 
     For each source of :data:`SOURCES` and each device of :data:`DEVICE_DIRS` the first output
     found is read (CPU: the full benchmark output in ``bench_dir``, else the quick-mode one in
-    ``bench_dir/quick``; CUDA: ``bench_dir/cuda[/foreach]``); a source with no CPU output is listed
+    ``bench_dir/quick``; CUDA: ``bench_dir/cuda[/lean|/foreach]``); a source with no CPU output is listed
     as not run, with the command that produces it, under the Markdown table. Ratios are always
     to Adam on the same device.
 

@@ -65,3 +65,20 @@ def test_markdown_names_every_row_and_the_before_counts():
     assert abs(est["minutes"] - 125_000 * 2.5 / 6e4) < 1e-9
     assert est["minutes_before"] > est["minutes"]
     assert "H200 minutes" in md
+
+
+def test_cross_paper_table_labels_the_cuda_step_path():
+    """The H200 RACS/Alice rows recorded before the stacked, banked path say they are the per-matrix
+    loop; newer records carry their path (issue 41)."""
+    from experiments.report.bench import llm_rows
+
+    row = {"amortised_ms": 1.0, "state_bytes": 1}
+    old = {"device": "cuda", "results": [{"method": "adamw_fused", **row}, {"method": "racs", **row}]}
+    new = {
+        "device": "cuda",
+        "results": [{"method": "adamw_fused", **row}, {"method": "racs", "step_path": "stacked", **row}],
+    }
+    cpu = {"device": "cpu", "results": [{"method": "adamw_fused", **row}, {"method": "racs", **row}]}
+    assert llm_rows(old)[1]["optimizer"] == "RACS (per-matrix loop, the earlier CUDA path)"
+    assert llm_rows(new)[1]["optimizer"] == "RACS (stacked)"
+    assert llm_rows(cpu)[1]["optimizer"] == "RACS"

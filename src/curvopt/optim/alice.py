@@ -52,7 +52,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvopt.optim.checks import check_finite_nonneg
+from curvopt.optim.checks import (
+    FLAG,
+    NONNEG,
+    POSITIVE,
+    UNIT,
+    Range,
+    at_least,
+    check_hparams,
+    count,
+    one_of,
+    tuple_of,
+)
 from curvopt.optim.racs import (
     MatrixOptimizer,
     bank_slice,
@@ -325,6 +336,28 @@ class Alice(MatrixOptimizer):
 
     method_name = "alice"
 
+    RANGES: dict[str, Range] = {
+        "alpha": NONNEG,
+        "alpha_c": NONNEG,
+        "betas": tuple_of(3, UNIT),
+        "rank": count(1),
+        "leading": count(0),
+        "update_interval": count(1),
+        "gamma": at_least(1.0),
+        "eps": POSITIVE,
+        "bias_correction": FLAG,
+        "switch": one_of(*SWITCH_MODES),
+        "compensation": one_of(*COMPENSATION_MODES),
+        "reproject_qtilde": FLAG,
+        "moments_on_switch": one_of("keep", "reset"),
+        "init": one_of("evd"),
+        "project_side": one_of("smaller", "rows"),
+        "subspace_steps": count(1),
+        "fused_compensation": FLAG,
+        "seed": count(0),
+        "clamp_rank": FLAG,
+    }
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -408,24 +441,12 @@ class Alice(MatrixOptimizer):
     def _validate_group(self, group: dict[str, Any]) -> None:
         from curvopt.optim.racs import as_dtype
 
-        b = group["betas"]
-        if len(b) != 3 or not all(0.0 <= x < 1.0 for x in b):
-            raise ValueError(f"betas must be three numbers in [0, 1), got {b}")
-        if int(group["rank"]) < 1:
-            raise ValueError(f"rank must be >= 1, got {group['rank']}")
-        if not 0 <= int(group["leading"]):
-            raise ValueError(f"leading must be >= 0, got {group['leading']}")
+        check_hparams("Alice", self.RANGES, group)
         if int(group["leading"]) > int(group["rank"]):
             raise ValueError(
                 f"leading={group['leading']} exceeds rank={group['rank']}: the leading directions kept at a "
                 "switch are part of the rank; choose leading <= rank"
             )
-        for name in ("alpha", "alpha_c"):
-            check_finite_nonneg("Alice", name, group[name])
-        if not (math.isfinite(group["eps"]) and group["eps"] > 0):
-            raise ValueError(f"Alice: eps must be a finite positive number, got {group['eps']}")
-        if not group["gamma"] >= 1.0:
-            raise ValueError(f"Alice: limiter threshold gamma must be >= 1, got {group['gamma']}")
         if not group.get("clamp_rank", False):
             for p in group["params"]:
                 m, _n, _t = self.oriented_shape(tuple(p.shape), group.get("project_side", "smaller"))
@@ -435,21 +456,12 @@ class Alice(MatrixOptimizer):
                         f"{tuple(p.shape)}; lower rank to at most {m}, keep that weight out of the method "
                         "group, or set clamp_rank=True (optimizer.clamp_rank=true) to use full rank (no projection) there"
                     )
-        if int(group["update_interval"]) < 1:
-            raise ValueError(f"update_interval must be >= 1, got {group['update_interval']}")
-        if group["switch"] not in SWITCH_MODES:
-            raise ValueError(f"switch must be one of {SWITCH_MODES}, got {group['switch']!r}")
-        if group["compensation"] not in COMPENSATION_MODES:
-            raise ValueError(
-                f"compensation must be one of {COMPENSATION_MODES}, got {group['compensation']!r}"
-            )
-        if group["moments_on_switch"] not in ("keep", "reset"):
-            raise ValueError(f"moments_on_switch must be keep|reset, got {group['moments_on_switch']!r}")
-        if group["init"] not in ("evd",):
-            raise ValueError(f"init must be 'evd', got {group['init']!r}")
-        if group["project_side"] not in ("smaller", "rows"):
-            raise ValueError(f"project_side must be smaller|rows, got {group['project_side']!r}")
         group["qtilde_dtype"] = as_dtype(group["qtilde_dtype"])
+
+    def _matrix_grad_limit(self, p: Tensor, group: dict[str, Any], big: float) -> float:
+        """``√(big / (64 m n))``: ``G Gᵀ``, ``Q̃`` and the Rayleigh–Ritz matrix reach ``m·n·max|g|²``."""
+        m, n = p.shape
+        return math.sqrt(big / (64.0 * m * n))
 
     # ------------------------------------------------------------------ shapes
 

@@ -35,7 +35,19 @@ import torch
 from torch import Tensor
 
 from curvopt.errors import NonFiniteError
-from curvopt.optim.checks import check_finite_nonneg
+from curvopt.optim.checks import (
+    FLAG,
+    NONNEG,
+    POSITIVE,
+    UNIT,
+    Range,
+    at_least,
+    check_hparams,
+    count,
+    one_of,
+    optional,
+    tuple_of,
+)
 
 #: ``check_finite`` settings: ``None`` (automatic: deferred when every gradient is on CUDA), ``"eager"``
 #: (one host read per step, raise before anything changes) or ``"deferred"`` (no host read; a step
@@ -155,6 +167,20 @@ class MatrixOptimizer(torch.optim.Optimizer):
 
     method_name = "matrix"
 
+    #: The ranges of every group's settings (the Adam fallback's and the step's), checked on each
+    #: group added (``curvopt.optim.checks``). A 0-d tensor ``lr`` is checked by value.
+    BASE_RANGES: dict[str, Range] = {
+        "lr": NONNEG,
+        "weight_decay": NONNEG,
+        "adam_eps": NONNEG,
+        "adam_betas": tuple_of(2, UNIT),
+        "foreach": optional(FLAG),
+        "check_finite": one_of(*CHECK_FINITE_MODES),
+        "compile": FLAG,
+    }
+    #: The method's own ranges, checked on method (non-Adam) groups (subclasses extend it).
+    RANGES: dict[str, Range] = {}
+
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         defaults = {
             "adam": False,
@@ -182,24 +208,14 @@ class MatrixOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         name = type(self).__name__
-        lr = group["lr"]
-        if not isinstance(lr, Tensor) and not (math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"{name}: lr must be a finite non-negative number, got {lr}")
-        check_finite_nonneg(name, "weight_decay", group["weight_decay"])
-        check_finite_nonneg(name, "adam_eps", group["adam_eps"])
-        betas = tuple(group["adam_betas"])
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"{name}: adam_betas must be two numbers in [0, 1), got {betas}")
+        for flag in ("maximize", "differentiable", "capturable", "fused"):
+            if group.get(flag):
+                raise ValueError(
+                    f"{name}: {flag}=True is not supported (the update is a descent step on the gradient as "
+                    f"given); negate the loss to maximise, and leave {flag} unset"
+                )
+        check_hparams(name, self.BASE_RANGES, group)
         group["state_dtype"] = as_dtype(group.get("state_dtype"))
-        if group.get("foreach") not in (None, True, False):
-            raise ValueError(
-                f"{name}: foreach must be None (automatic), True or False, got {group['foreach']!r}"
-            )
-        if group.get("check_finite") not in CHECK_FINITE_MODES:
-            raise ValueError(
-                f"{name}: check_finite must be None (automatic), 'eager' or 'deferred', got "
-                f"{group['check_finite']!r}"
-            )
         for p in group["params"]:
             if p.is_complex() or not p.is_floating_point():
                 raise TypeError(
@@ -218,7 +234,8 @@ class MatrixOptimizer(torch.optim.Optimizer):
             self._validate_group(group)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        """Check the method's hyperparameters (subclasses)."""
+        """Check the method's hyperparameters: :attr:`RANGES`, then what a range cannot say (subclasses)."""
+        check_hparams(type(self).__name__, self.RANGES, group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict, keeping the saved dtypes of the state tensors.
@@ -256,32 +273,63 @@ class MatrixOptimizer(torch.optim.Optimizer):
                 "state was changed (use a dense gradient, e.g. nn.Embedding(sparse=False))"
             )
 
-    def _nonfinite_error(self, params: list[Tensor]) -> NonFiniteError | None:
-        """The error naming the first parameter whose gradient holds NaN/inf (exact, element-wise)."""
-        order = [p for group in self.param_groups for p in group["params"]]
-        bad = next((p for p in params if not bool(p.grad.isfinite().all())), None)
-        if bad is None:
-            return None
-        shape = tuple(bad.shape)
-        index = next(i for i, q in enumerate(order) if q is bad)
-        return NonFiniteError(
-            f"{type(self).__name__}: the gradient of parameter #{index} (shape {shape}) holds NaN or inf "
-            f"values; no parameter or optimizer state was changed. The loss or its backward overflowed: "
-            "lower the learning rate, clip gradients, or use a wider dtype"
-        )
+    def _grad_limit(self, p: Tensor, group: dict[str, Any]) -> float:
+        """The largest gradient magnitude (max |entry|) ``p``'s step can take without overflow.
 
-    @staticmethod
-    def _finite_flag(params: list[Tensor]) -> Tensor:
-        """A 0-d bool tensor on the gradients' device: every gradient entry is finite.
+        The Adam fallback squares the gradient (``v``); a method group asks :meth:`_matrix_grad_limit`.
+        A larger (or NaN/inf) gradient is refused as a NaN is: before anything changes, or by the
+        deferred flag.
+        """
+        big = torch.finfo(compute_dtype(p)).max
+        if group["adam"]:
+            return math.sqrt(big) / 4
+        return self._matrix_grad_limit(p, group, big)
+
+    def _matrix_grad_limit(self, p: Tensor, group: dict[str, Any], big: float) -> float:
+        """:meth:`_grad_limit` of a method group, ``big`` being the compute dtype's largest value (subclasses)."""
+        return math.sqrt(big) / 4
+
+    def _grad_limits(self, params: list[Tensor]) -> list[float]:
+        """:meth:`_grad_limit` of each of ``params`` (in their groups)."""
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        return [self._grad_limit(p, group_of[id(p)]) for p in params]
+
+    def _nonfinite_error(self, params: list[Tensor]) -> NonFiniteError | None:
+        """The error naming the first parameter whose gradient holds NaN/inf or overflows the step (exact)."""
+        order = [p for group in self.param_groups for p in group["params"]]
+        name = type(self).__name__
+        for p, limit in zip(params, self._grad_limits(params)):
+            index = next(i for i, q in enumerate(order) if q is p)
+            where = f"the gradient of parameter #{index} (shape {tuple(p.shape)})"
+            if not bool(p.grad.isfinite().all()):
+                return NonFiniteError(
+                    f"{name}: {where} holds NaN or inf values; no parameter or optimizer state was changed. "
+                    "The loss or its backward overflowed: lower the learning rate, clip gradients, or use a "
+                    "wider dtype"
+                )
+            largest = float(p.grad.abs().max()) if p.grad.numel() else 0.0
+            if largest > limit:
+                return NonFiniteError(
+                    f"{name}: {where} reaches |g| = {largest:.3g}, beyond the {limit:.3g} its step can square "
+                    f"in {compute_dtype(p)} without overflow; no parameter or optimizer state was changed. "
+                    "Scale the loss down, clip gradients (torch.nn.utils.clip_grad_norm_), or use float64 "
+                    "parameters"
+                )
+        return None
+
+    def _finite_flag(self, params: list[Tensor]) -> Tensor:
+        """A 0-d bool tensor on the gradients' device: every gradient entry is finite and within its limit.
 
         One ``torch._foreach_norm(·, inf)`` over all gradients (NaN and inf survive a max; a max
-        cannot overflow), then one reduction: four ops, no host read.
+        cannot overflow), scaled by the inverse of each gradient's :meth:`_grad_limit`, then one
+        comparison and one reduction: five ops, no host read.
         """
         norms = torch._foreach_norm([p.grad for p in params], float("inf"))
-        return torch.stack(norms).isfinite().all()
+        torch._foreach_mul_(norms, [1.0 / limit for limit in self._grad_limits(params)])
+        return torch.stack(norms).le(1.0).all()
 
     def _check_finite_gradients(self, params: list[Tensor]) -> None:
-        """Raise before anything changes when a gradient holds a NaN or an inf (one host read).
+        """Raise before anything changes when a gradient holds a NaN or an inf, or overflows (one host read).
 
         Raises:
             NonFiniteError: Naming the first such parameter; nothing has changed.
@@ -336,9 +384,10 @@ class MatrixOptimizer(torch.optim.Optimizer):
         flag = self.__dict__.pop("_nonfinite_pending", None)
         if flag is not None and bool(flag):
             raise NonFiniteError(
-                f"{type(self).__name__}: a gradient held NaN or inf values in a step since the last check "
-                "(check_finite='deferred'); that step changed no parameter or optimizer state. The loss or "
-                "its backward overflowed: lower the learning rate, clip gradients, or use a wider dtype"
+                f"{type(self).__name__}: a gradient held NaN or inf values (or entries too large for the step "
+                "to square without overflow) in a step since the last check (check_finite='deferred'); that "
+                "step changed no parameter or optimizer state. The loss or its backward overflowed: lower the "
+                "learning rate, clip gradients, or use a wider dtype"
             )
 
     @torch.no_grad()
@@ -777,6 +826,16 @@ class RACS(MatrixOptimizer):
 
     method_name = "racs"
 
+    RANGES: dict[str, Range] = {
+        "beta": UNIT,
+        "alpha": NONNEG,
+        "gamma": at_least(1.0),
+        "eps": POSITIVE,
+        "n_iter": count(1),
+        "warm_start": FLAG,
+        "limiter": FLAG,
+    }
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -815,18 +874,10 @@ class RACS(MatrixOptimizer):
         }
         super().__init__(params, defaults)
 
-    def _validate_group(self, group: dict[str, Any]) -> None:
-        if not 0.0 <= group["beta"] < 1.0:
-            raise ValueError(f"beta must be in [0, 1), got {group['beta']}")
-        if not group["gamma"] >= 1.0:  # NaN fails too
-            raise ValueError(f"limiter threshold gamma must be >= 1, got {group['gamma']}")
-        check_finite_nonneg("RACS", "alpha", group["alpha"])
-        if not (math.isfinite(group["eps"]) and group["eps"] > 0):
-            raise ValueError(
-                f"RACS: eps (the floor on s and q) must be a finite positive number, got {group['eps']}"
-            )
-        if int(group["n_iter"]) < 1:
-            raise ValueError(f"n_iter must be >= 1, got {group['n_iter']}")
+    def _matrix_grad_limit(self, p: Tensor, group: dict[str, Any], big: float) -> float:
+        """``(big / (16 m n))^(1/4)``: the fixed point's ``‖s‖²`` is up to ``n·max|g|⁴`` (and ``q`` up to m)."""
+        m, n = p.shape
+        return (big / (16.0 * m * n)) ** 0.25
 
     @staticmethod
     def state_numel(shape: tuple[int, int], **hparams: Any) -> dict[str, int]:

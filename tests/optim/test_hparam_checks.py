@@ -1,0 +1,240 @@
+"""One way to declare and check hyper-parameters (``curvopt.optim.checks``), and the issue-43 bad arguments.
+
+Each optimizer declares its ranges once (``RANGES`` / a module-level table) and checks them with
+:func:`~curvopt.optim.checks.check_hparams`; a refusal is one line naming the owner, the argument, the
+value and what is allowed. Tensor values (a 0-d tensor ``lr``) are checked by value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from curvopt.errors import NonFiniteError
+from curvopt.optim import RACS, Alice, MatrixOptimizer
+from curvopt.optim.checks import (
+    FLAG,
+    NONNEG,
+    POSITIVE,
+    UNIT,
+    as_number,
+    at_least,
+    check_hparams,
+    count,
+    one_of,
+    optional,
+    real,
+    tuple_of,
+)
+
+NAN, INF = math.nan, math.inf
+
+
+# ------------------------------------------------------------------------------- the checker
+@pytest.mark.parametrize(
+    ("rng", "good", "bad"),
+    [
+        (
+            NONNEG,
+            [0, 0.0, 3, 1e300, torch.tensor(0.5)],
+            [-1e-9, NAN, INF, True, "1", None, torch.tensor(NAN)],
+        ),
+        (POSITIVE, [1e-30, 2], [0.0, -1, NAN, INF]),
+        (UNIT, [0.0, 0.999], [1.0, -0.1, NAN]),
+        (at_least(1.0), [1.0, 1.01, 7], [0.99, INF, NAN]),
+        (count(1), [1, 5, 5.0], [0, -3, 2.5, NAN, INF, True]),
+        (count(0), [0, 2], [-1]),
+        (one_of("a", None), ["a", None], ["b", 1]),
+        (FLAG, [True, False], [1, 0, "true", None]),
+        (optional(POSITIVE), [None, 1.0], [0.0]),
+        (tuple_of(2, UNIT), [(0.9, 0.999), [0.0, 0.5]], [(0.9,), (0.9, 1.0), (NAN, 0.9), 0.9]),
+        (real(0.0, 1.0, low_open=True), [1.0, 1e-9], [0.0, 1.1]),
+        (real(finite=False, low=0.0), [INF, 0.0], [NAN, -INF]),
+        (real(0.0, low_open=True, also=("adaptive",)), ["adaptive", 0.1], ["auto", 0.0]),
+    ],
+)
+def test_a_range_accepts_its_values_and_refuses_the_rest(rng, good, bad):
+    for value in good:
+        rng.check("Owner", "x", value)
+    for value in bad:
+        with pytest.raises(ValueError, match=r"^Owner: x must be .+, got "):
+            rng.check("Owner", "x", value)
+
+
+def test_the_message_names_owner_argument_value_and_what_is_allowed():
+    with pytest.raises(ValueError) as err:
+        check_hparams("RACS", {"gamma": at_least(1.0)}, {"gamma": INF})
+    assert str(err.value) == "RACS: gamma must be a finite number >= 1, got inf"
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"lr must be a finite number >= 0, got tensor\(nan\)"):
+        check_hparams("X", {"lr": NONNEG}, {"lr": torch.tensor(NAN)})
+    with pytest.raises(ValueError, match=r"must be one of 'eager', 'deferred', got 'lazy'"):
+        one_of("eager", "deferred").check("X", "check_finite", "lazy")
+
+
+def test_tensor_values_are_read_on_the_cpu_and_not_on_meta():
+    assert as_number(torch.tensor(0.25, dtype=torch.float64)) == 0.25
+    assert as_number(torch.tensor([0.25])) == 0.25  # one element
+    assert as_number(torch.ones(2)) is None  # not a scalar
+    assert as_number(torch.tensor(True)) is None
+    NONNEG.check("X", "lr", torch.empty((), device="meta"))  # no value to read: the shape only
+    with pytest.raises(ValueError, match="a tensor of shape \\(2,\\)"):
+        NONNEG.check("X", "lr", torch.ones(2))
+
+
+def test_undeclared_values_are_not_looked_at():
+    check_hparams("X", {"lr": NONNEG}, {"lr": 0.1, "whatever": NAN})
+
+
+# ------------------------------------------------------------------------------- RACS / Alice / base
+def _groups():
+    w = nn.Parameter(torch.randn(6, 9))
+    b = nn.Parameter(torch.randn(9))
+    return w, b, [{"params": [w]}, {"params": [b], "adam": True}]
+
+
+def _build(name, groups, **kw):
+    if name == "RACS":
+        return RACS(groups, **kw)
+    if name == "Alice":
+        return Alice(groups, **{"rank": 2, "leading": 1, "update_interval": 2, **kw})
+    return MatrixOptimizer([{**g, "adam": True} for g in groups], {"lr": 0.02, **kw})
+
+
+@pytest.mark.parametrize("name", ["RACS", "Alice", "MatrixOptimizer"])
+@pytest.mark.parametrize("lr", [NAN, -1.0, INF])
+def test_a_tensor_lr_is_validated(name, lr):
+    """Issue 43: a NaN tensor lr passed and turned every parameter into NaN."""
+    _, _, groups = _groups()
+    with pytest.raises(ValueError, match=r"lr must be a finite number >= 0, got tensor\("):
+        _build(name, groups, lr=torch.tensor(lr))
+
+
+@pytest.mark.parametrize("name", ["RACS", "Alice", "MatrixOptimizer"])
+def test_a_valid_tensor_lr_steps_like_the_float(name):
+    w1, b1, g1 = _groups()
+    w2, b2, g2 = [nn.Parameter(p.detach().clone()) for p in (w1, b1)] + [None]
+    g2 = [{"params": [w2]}, {"params": [b2], "adam": True}]
+    opt1, opt2 = _build(name, g1, lr=0.02), _build(name, g2, lr=torch.tensor(0.02))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        gw, gb = torch.randn(6, 9, generator=gen), torch.randn(9, generator=gen)
+        w1.grad, b1.grad, w2.grad, b2.grad = gw, gb, gw.clone(), gb.clone()
+        opt1.step()
+        opt2.step()
+    torch.testing.assert_close(w1, w2)
+    torch.testing.assert_close(b1, b2)
+
+
+@pytest.mark.parametrize("name", ["RACS", "Alice"])
+def test_gamma_inf_is_refused(name):
+    _, _, groups = _groups()
+    with pytest.raises(ValueError, match=f"^{name}: gamma must be a finite number >= 1, got inf$"):
+        _build(name, groups, gamma=INF)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5])
+def test_alice_subspace_steps_below_one_are_refused(steps):
+    _, _, groups = _groups()
+    with pytest.raises(ValueError, match="Alice: subspace_steps must be an integer >= 1"):
+        _build("Alice", groups, subspace_steps=steps)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"n_iter": 0},
+        {"n_iter": 2.5},
+        {"eps": 0.0},
+        {"eps": INF},
+        {"alpha": INF},
+        {"warm_start": "yes"},
+        {"check_finite": "lazy"},
+        {"foreach": 1},
+        {"compile": "no"},
+        {"adam_eps": -1.0},
+        {"weight_decay": INF},
+    ],
+)
+def test_racs_refuses_each_bad_setting_by_name(bad):
+    _, _, groups = _groups()
+    (key,) = bad
+    with pytest.raises(ValueError, match=f"^RACS: {key} must be "):
+        _build("RACS", groups, **bad)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rank": 0},
+        {"leading": -1},
+        {"update_interval": 0},
+        {"alpha_c": INF},
+        {"switch": "random"},
+        {"betas": (0.9, 0.9)},
+        {"seed": -1},
+        {"bias_correction": 1},
+    ],
+)
+def test_alice_refuses_each_bad_setting_by_name(bad):
+    _, _, groups = _groups()
+    (key,) = bad
+    with pytest.raises(ValueError, match=f"^Alice: {key} must be "):
+        _build("Alice", groups, **bad)
+
+
+@pytest.mark.parametrize("flag", ["maximize", "differentiable"])
+def test_matrix_optimizer_refuses_maximize_instead_of_ignoring_it(flag):
+    """Issue 43: maximize=True was silently ignored (the step still descended)."""
+    _, _, groups = _groups()
+    with pytest.raises(ValueError, match=f"MatrixOptimizer: {flag}=True is not supported"):
+        _build("MatrixOptimizer", groups, **{flag: True})
+    with pytest.raises(ValueError, match=f"RACS: {flag}=True is not supported"):
+        RACS([{**groups[0], flag: True}])
+    _build("MatrixOptimizer", groups, maximize=False)  # the default, said out loud, is fine
+
+
+@pytest.mark.parametrize("name", ["RACS", "Alice"])
+@pytest.mark.parametrize("mode", ["eager", "deferred"])
+@pytest.mark.parametrize("scale", [1e30, 1e20])
+def test_huge_gradients_are_refused_before_any_change(name, mode, scale):
+    """Issue 43: gradients ×1e30 gave NaN parameters (RACS) or an eigh LAPACK error (Alice)."""
+    w, b, groups = _groups()
+    opt = _build(name, groups, lr=0.02, check_finite=mode, foreach=mode == "deferred")
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):  # past Alice's first refresh
+        w.grad, b.grad = torch.randn(6, 9, generator=gen), torch.randn(9, generator=gen)
+        opt.step()
+    before = [w.detach().clone(), b.detach().clone()]
+    state = {k: v.clone() for k, v in opt.state[w].items() if isinstance(v, torch.Tensor)}
+    w.grad, b.grad = scale * torch.randn(6, 9, generator=gen), torch.randn(9, generator=gen)
+    with pytest.raises(NonFiniteError, match=f"{name}: .*(beyond the .* without overflow|too large)"):
+        opt.step()
+        opt.raise_if_nonfinite()
+    assert torch.equal(w, before[0]) and torch.equal(b, before[1])
+    for k, v in state.items():
+        assert torch.equal(opt.state[w][k], v), k
+
+
+@pytest.mark.parametrize("name", ["RACS", "Alice"])
+@pytest.mark.parametrize("scale", [1e-30, 1e6])
+def test_small_and_large_but_representable_gradients_still_step(name, scale):
+    w, b, groups = _groups()
+    opt = _build(name, groups, lr=0.02)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        w.grad, b.grad = scale * torch.randn(6, 9, generator=gen), scale * torch.randn(9, generator=gen)
+        opt.step()
+    assert torch.isfinite(w).all() and torch.isfinite(b).all()
+
+
+def test_the_adam_fallback_refuses_a_gradient_it_cannot_square():
+    """Adam's v = EMA(g²) overflows to inf past √max: every later step of that parameter would be 0."""
+    w, b, groups = _groups()
+    opt = _build("MatrixOptimizer", groups)
+    w.grad, b.grad = torch.randn(6, 9), torch.full((9,), 1e30)
+    with pytest.raises(NonFiniteError, match=r"parameter #1 \(shape \(9,\)\) reaches \|g\| = 1e\+30"):
+        opt.step()

@@ -17,6 +17,9 @@ Ours is recomputed here (``quadratics.q3_problem``, ``ese``, ``run_batch``), eve
 optimizers. Writes ``results/fosi_quadratics/audit_authors.json``: the versions, the sha256 of the
 authors' files that ran, and per cell f(θ₂₀₀) and the FOSI-Adam/Adam ratio on both sides, and the
 largest relative difference |f_authors − f_ours| / |f_ours| over t = 0..200 and both optimizers.
+Where their jax ``eigh`` gives an eigenvector the other sign than torch's, θ₀ differs (f(θ₀) does
+not): the record lists those cells and the flipped eigenvectors, and gives the largest difference
+over the cells with the same start separately.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ COMMAND = (
 
 
 def ours(cells: list[tuple[float, int]]) -> dict[tuple[float, int], dict[str, np.ndarray]]:
-    """Our f(θ_t), t = 0..200, of Adam and FOSI-Adam on each cell (the Q3 records' computation)."""
+    """Our f(θ_t), t = 0..200, of Adam and FOSI-Adam on each cell (the Q3 records' computation),
+    with θ₀ and the eigenvectors of H (columns, ascending) that fix it."""
     exact = {round(float(b), 3): float(b) for b in q.q3_grid()[0]}  # the grid's arange values
     probs = [q.q3_problem(exact[b], z) for b, z in cells]
     eses = [q.ese(p, k=10) for p in probs]
@@ -63,7 +67,17 @@ def ours(cells: list[tuple[float, int]]) -> dict[tuple[float, int], dict[str, np
         eigenvalues=torch.stack([e.eigenvalues for e in eses]),
         eigenvectors=torch.stack([e.eigenvectors for e in eses]),
     ).numpy()
-    return {c: {"adam": f[i, 0], "fosi_adam": f[i, 1]} for i, c in enumerate(cells)}
+    out = {}
+    for i, (c, p) in enumerate(zip(cells, probs)):
+        _, vecs = torch.linalg.eigh(p.H)
+        out[c] = {"adam": f[i, 0], "fosi_adam": f[i, 1], "theta0": p.theta0.numpy(), "vecs": vecs.numpy()}
+    return out
+
+
+def flipped_eigenvectors(theta0: np.ndarray, vecs: np.ndarray) -> list[int]:
+    """The eigenvectors (ascending index) whose sign in ``theta0`` is opposite to ours: θ₀ = Σ x₀′ᵢ qᵢ
+    with x₀′ᵢ > 0, so a negative coordinate qᵢᵀθ₀ means the other code's eigh gave −qᵢ."""
+    return [int(i) for i in np.nonzero(vecs.T @ theta0 < 0)[0]]
 
 
 def grid_cells() -> list[tuple[float, int]]:
@@ -124,6 +138,7 @@ def compare(mine: dict[tuple[float, int], dict[str, np.ndarray]], authors: dict[
         for name in ("adam", "fosi_adam"):
             a = np.asarray(c["f"][name], dtype=np.float64)
             rel[name] = float(np.max(np.abs(a - o[name]) / np.abs(o[name])))
+        flipped = flipped_eigenvectors(np.asarray(c["theta0"], dtype=np.float64), o["vecs"])
         ours_ratio = float(o["fosi_adam"][-1] / o["adam"][-1])
         auth_ratio = float(c["f"]["fosi_adam"][-1] / c["f"]["adam"][-1])
         rows.append(
@@ -141,11 +156,15 @@ def compare(mine: dict[tuple[float, int], dict[str, np.ndarray]], authors: dict[
                 "max_rel_diff_adam": rel["adam"],
                 "max_rel_diff_fosi_adam": rel["fosi_adam"],
                 "max_rel_diff": max(rel.values()),
+                "theta0_max_abs_diff": float(np.max(np.abs(np.asarray(c["theta0"]) - o["theta0"]))),
+                "flipped_eigenvectors": flipped,
             }
         )
     ours_fail = sorted((r["b"], r["zeta"]) for r in rows if r["ours_fails"])
     auth_fail = sorted((r["b"], r["zeta"]) for r in rows if r["authors_fail"])
     worst = max(rows, key=lambda r: r["authors_ratio"])
+    same = [r for r in rows if not r["flipped_eigenvectors"]]
+    other = [r for r in rows if r["flipped_eigenvectors"]]
     return {
         "cells_audited": len(rows),
         "cells_failing_ours": len(ours_fail),
@@ -153,6 +172,19 @@ def compare(mine: dict[tuple[float, int], dict[str, np.ndarray]], authors: dict[
         "same_failing_cells": ours_fail == auth_fail,
         "failing_cells_authors": [list(c) for c in auth_fail],
         "max_rel_diff": max(r["max_rel_diff"] for r in rows),
+        "cells_same_start": len(same),
+        "max_rel_diff_same_start": max((r["max_rel_diff"] for r in same), default=float("nan")),
+        "theta0_max_abs_diff_same_start": max((r["theta0_max_abs_diff"] for r in same), default=float("nan")),
+        "cells_other_start": [
+            {
+                "b": r["b"],
+                "zeta": r["zeta"],
+                "flipped_eigenvectors": r["flipped_eigenvectors"],
+                "max_rel_diff": r["max_rel_diff"],
+                "same_verdict": r["ours_fails"] == r["authors_fail"],
+            }
+            for r in other
+        ],
         "max_ratio_diff": max(abs(r["authors_ratio"] - r["ours_ratio"]) for r in rows),
         "worst_cell_authors": {
             "b": worst["b"],
@@ -230,9 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(record, indent=1) + "\n")
     w = record["worst_cell_authors"]
     print(
-        f"{path}: {record['cells_audited']} cells; FOSI-Adam above Adam in {record['cells_failing_authors']} "
+        f"{path}: {record['cells_audited']} cells ({record['cells_same_start']} with our theta0); "
+        f"FOSI-Adam above Adam in {record['cells_failing_authors']} "
         f"(authors) / {record['cells_failing_ours']} (ours), same cells: {record['same_failing_cells']}; "
-        f"max relative f_t difference {record['max_rel_diff']:.2e}; worst (b, zeta) = ({w['b']}, {w['zeta']}): "
+        f"max relative f_t difference {record['max_rel_diff_same_start']:.2e} (same theta0), "
+        f"{record['max_rel_diff']:.2e} (all); worst (b, zeta) = ({w['b']}, {w['zeta']}): "
         f"{w['fosi_adam_f200']:.5g} vs {w['adam_f200']:.5g} (ratio {w['ratio']:.3f})"
     )
     return 0

@@ -10,7 +10,7 @@ repeats the body of the loop of ``run_grid_kappa_zeta`` in
 ``experiments/quadratic/quadratic_jax_kappa_zeta.py``: ``numpy.random.seed(1234)``, their
 ``prepare_hessian``, ``get_x_initial``, their ESE (``fosi.get_ese_fn``, k = 10, float64) at θ₀,
 and their ``optimize`` with ``adam_update`` / ``fosi_adam_update`` at η = 0.05, β₁ = 0.9, β₂ =
-0.999, 200 iterations, and writes f(θ_t) for t = 0..200.
+0.999, 200 iterations, and writes θ₀ and f(θ_t) for t = 0..200.
 
 The authors' ``fosi/__init__.py`` also imports their PyTorch port and optimizer (torch, functorch,
 torchopt, optax); the script needs only ``get_ese_fn``, so this worker registers ``fosi`` and
@@ -86,6 +86,7 @@ def main(src: Path, cells_path: Path, out_path: Path) -> None:
                 "zeta": int(zeta),
                 "kappa_exact": float(kappa),
                 "lambda_hat": [float(x) for x in jax.device_get(k_eigenvals)],
+                "theta0": [float(x) for x in jax.device_get(x_initial)],
                 "f": curves,
                 "seconds": time.perf_counter() - t0,
             }

@@ -214,13 +214,29 @@ def _fig7_8_audit_note(ctx: Context, failing: list[tuple[float, int]]) -> list[s
         head += f"gives FOSI-Adam above Adam in the same {len(auth)} cells"
     else:
         head += (
-            f"gives FOSI-Adam above Adam in {len(auth)} cells, ours in {len(ours_audited)} of those audited"
+            f"gives FOSI-Adam above Adam in {len(auth)} cell{'' if len(auth) == 1 else 's'}, ours in "
+            f"{len(ours_audited)} of those audited"
         )
-    head += (
-        f" (worst {_cell((w['b'], w['zeta']))}: {w['fosi_adam_f200']:.4g} vs {w['adam_f200']:.4g}, "
-        f"ratio {w['ratio']:.2f}); its f_t equals ours to ≤ {a['max_rel_diff']:.1e} relative at every step "
-        f"t = 0..200 of both optimizers (`make audit-fosi-authors`, `results/{FOSI_Q}/{AUDIT_RECORD}`)."
-    )
+    head += f" (worst {_cell((w['b'], w['zeta']))}: {w['fosi_adam_f200']:.4g} vs {w['adam_f200']:.4g}, ratio {w['ratio']:.2f})"
+    other = a.get("cells_other_start") or []
+    if "cells_same_start" in a and other:
+        head += (
+            f". In the {a['cells_same_start']} cells where its eigh gives our θ₀ (to ≤ "
+            f"{a['theta0_max_abs_diff_same_start']:.1e}), its f_t equals ours to ≤ {a['max_rel_diff_same_start']:.1e} "
+            f"relative at every step t = 0..200 of both optimizers. In {len(other)} cell{'s' if len(other) > 1 else ''} (ζ ∈ "
+            f"{_zetas((o['b'], o['zeta']) for o in other)}) its eigh gives some eigenvectors the other sign "
+            f"(ascending indices {sorted({i for o in other for i in o['flipped_eigenvectors']})}): another θ₀ with "
+            f"the same f(θ₀), and f_t differs by up to {_pct(max(o['max_rel_diff'] for o in other))}"
+            + (
+                ", with the same verdict in each"
+                if all(o["same_verdict"] for o in other)
+                else f", with another verdict in {sum(not o['same_verdict'] for o in other)}"
+            )
+            + " — the start-point dependence below"
+        )
+    else:
+        head += f"; its f_t equals ours to ≤ {a['max_rel_diff']:.1e} relative at every step t = 0..200 of both optimizers"
+    head += f" (`make audit-fosi-authors`, `results/{FOSI_Q}/{AUDIT_RECORD}`)."
     vr = a.get("ours_recomputed_vs_q3_records") or {}
     if vr:
         head += (

@@ -323,3 +323,46 @@ def test_compiled_update_with_inductor_matches_eager(method):
     a, b = _compile_pair(method)
     for pa, pb in zip(a, b):
         torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6)
+
+
+# -- on a real GPU (run with `pytest -m gpu`; skipped without CUDA) ---------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("method", ["racs", "alice", "alice0"])
+def test_cuda_plain_steps_never_synchronise(method):
+    """With torch.cuda.set_sync_debug_mode("error") any synchronising call raises: a plain step makes none."""
+    params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in SMALL]
+    opt = _make(method, params)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()  # the first step (Alice: the EVD start) checks eagerly
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_deferred_nan_step_changes_nothing():
+    """NaN survives torch._foreach_norm(·, inf) on CUDA too: the deferred flag catches it."""
+    params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in SMALL]
+    opt = RACS(params, lr=0.02)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    params[2].grad[1, 1] = float("nan")
+    opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, params))
+    with pytest.raises(NonFiniteError):
+        opt.raise_if_nonfinite()

@@ -572,6 +572,8 @@ def move_run(src: str | Path, dst: str | Path) -> Path:
     summary["moved_from"] = f"{src_exp.name}/{old_id}"
     if isinstance(config, dict) and "run_id" in config:
         config["run_id"] = new_id
+    if isinstance(config, dict) and "experiment_name" in config:  # the directory it now lives in
+        config["experiment_name"] = dst.parent.name
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{new_id}.moving")
     if tmp.exists():

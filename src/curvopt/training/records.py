@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import torch
 
-from curvopt.errors import CorruptDataError, RunInUseError
+from curvopt.errors import ConfigError, CorruptDataError, RunInUseError
 
 METRICS_NAME = "metrics.jsonl"
 PARKED_METRICS_NAME = "metrics.jsonl.gz"  # a paused run's rows, gzipped for git (park_metrics)
@@ -603,9 +603,16 @@ class RunLock:
         """
         if self.held:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # read-only, not a directory, no space: before anything is written
+            raise ConfigError(
+                f"cannot write the run directory {self.path.parent} ({type(err).__name__}: "
+                f"{err.strerror or err}): paths.results_dir must be a folder this user can write; "
+                "choose another (paths.results_dir=<folder>) or fix its permissions"
+            ) from None
+        while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -618,6 +625,7 @@ class RunLock:
             if same:
                 break
             os.close(fd)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         info = self._owner()
         if _legacy_owner_alive(info):
             os.close(fd)

@@ -28,6 +28,8 @@ writes can land outside ``paths.results_dir``.
 
 from __future__ import annotations
 
+import copy
+import gzip
 import json
 import re
 import shutil
@@ -40,13 +42,19 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from curvopt.errors import ConfigError, NoCheckpointError, RunExistsError
-from curvopt.training.checkpoint import CHECKPOINT_NAME, checkpoint_config, verify_checkpoint
+from curvopt.training.checkpoint import (
+    CHECKPOINT_NAME,
+    checkpoint_config,
+    load_weights_only,
+    verify_checkpoint,
+)
 from curvopt.training.records import (
     METRICS_NAME,
     PARKED_METRICS_NAME,
     has_metrics,
     packed_run_ids,
     portable_paths,
+    read_metrics,
 )
 
 RECORD_FILES = (
@@ -77,6 +85,9 @@ ENVIRONMENT_KEYS = (
     "trainer.progress",
     "trainer.progress_log_every_s",
 )
+# the run directory's names: the command found the run by them (a run moved with
+# `python -m curvopt.analysis.pack --move` is resumed under its new names)
+DIRECTORY_KEYS = ("run_id", "experiment_name")
 # config groups whose choice is part of the environment (not of the run)
 ENVIRONMENT_GROUPS = ("logger", "paths", "trainer")
 # run_id / experiment_name: at most this many bytes, so that the moved-aside name
@@ -457,10 +468,12 @@ def resume_config(
     extended, conflicts = [], []
     for group in sorted(chosen):  # a different group choice changes the run
         new = cli.choices.get(group) if cli is not None else None
-        if saved_choices is not None:
-            if group in saved_choices and saved_choices[group] != new:
+        if saved_choices is not None and group in saved_choices:
+            if saved_choices[group] != new:
                 conflicts.append((group, f"{group}: {saved_choices[group]} -> {new}", [group]))
             continue
+        # the run's command line did not choose this group (its experiment's default applied), or
+        # it was saved before overrides.yaml existed: compare what the choice sets
         if group in _LEGACY_IDENTITY:
             keys = _LEGACY_IDENTITY[group]
         else:
@@ -474,7 +487,7 @@ def resume_config(
         if key.startswith("hydra"):
             continue
         old, new = s_flat.get(key, _ABSENT), f_flat.get(key, _ABSENT)
-        if is_environment_key(key):
+        if is_environment_key(key) or key in DIRECTORY_KEYS:
             if new is not _ABSENT:
                 updates[key] = new
             continue
@@ -508,6 +521,15 @@ def resume_config(
         for key, line, roots in conflicts:
             changed.append(line)
             changed_keys.append(key)
+            if (
+                roots == [key]
+                and key in chosen
+                and key != "experiment"
+                and isinstance(saved_c.get(key), dict)
+            ):
+                # another choice of a group: its settings replace the old choice's (an Adam run
+                # switched to SGD keeps no `betas` for SGD to reject)
+                saved_c[key] = copy.deepcopy(resolved.get(key))
             for key, value in f_flat.items():
                 if _under(key, roots) or (roots == ["experiment"] and not is_environment_key(key)):
                     updates[key] = value
@@ -596,7 +618,7 @@ def config_edits(
     raw = _flatten(OmegaConf.to_container(fresh, resolve=False)) if fresh is not None else {}
     out = []
     for key in sorted(t_flat):
-        if key == "run_id" or key.startswith("hydra") or is_environment_key(key) or key in EXTEND_KEYS:
+        if key in DIRECTORY_KEYS or key.startswith("hydra") or is_environment_key(key) or key in EXTEND_KEYS:
             continue
         if isinstance(raw.get(key), str) and "${" in raw[key]:
             continue
@@ -670,9 +692,15 @@ def plan_resume(
     if verify:  # before anything is loaded: a damaged checkpoint is refused at once
         verify_checkpoint(checkpoint)
     recorded = checkpoint_config(checkpoint)
-    if not (run_dir / "config.yaml").exists():
+    step = checkpoint_step(checkpoint)
+    check_pause_step((fresh.get("trainer") or {}).get("pause_at_step"), step, run_dir)
+    has_config = (run_dir / "config.yaml").exists()
+    saved = load_saved_config(run_dir / "config.yaml") if has_config else None
+    if verify:  # rank 0 owns the records; the run logged rows as its own config said
+        settled_park(run_dir)
+        check_metrics_cover(run_dir, step, ((saved if saved is not None else fresh).get("trainer")) or {})
+    if saved is None:
         return None
-    saved = load_saved_config(run_dir / "config.yaml")
     if saved.get("run_id") is None:  # saved before run ids were recorded: the directory's name
         saved.run_id = run_dir.name
     edits = config_edits(recorded, saved, fresh)
@@ -692,5 +720,119 @@ def plan_resume(
     now = OmegaConf.to_container(plan.config, resolve=True)
     assert isinstance(trained_with, dict) and isinstance(now, dict)
     plan.edits = edits
+    check_same_optimizer(trained_with, now, run_dir)
     plan.optimizer_changes = changed_optimizer_keys(trained_with, now)
     return plan
+
+
+def check_same_optimizer(then: dict[str, Any], now: dict[str, Any], run_dir: Path) -> None:
+    """Refuse a resume that switches to another optimizer, whatever ``trainer.allow_config_change`` says.
+
+    The checkpoint holds the state of the optimizer the run trained with (Adam's moments, SGD's
+    momentum buffers, ...); another optimizer cannot continue from it.
+
+    Raises:
+        ConfigError: Naming the optimizer the run has and the one asked for.
+    """
+    old, new = then.get("optimizer") or {}, now.get("optimizer") or {}
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return
+    keys = [k for k in ("name", "_target_") if k in old and k in new and old[k] != new[k]]
+    if not keys:
+        return
+    was, asked = old.get("name", old.get("_target_")), new.get("name", new.get("_target_"))
+    raise ConfigError(
+        f"this resume changes the optimizer group: optimizer={was} -> optimizer={asked}, but {run_dir} "
+        f"holds the state of {was}, which {asked} cannot continue from; resume with optimizer={was} (or "
+        "without optimizer=), or start a new run with it (another run_id, or trainer.restart=true)"
+    )
+
+
+# -- what a resumed run finds in its directory ----------------------------------------------------
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint was written at, read without loading its tensors.
+
+    Args:
+        path: The checkpoint.
+
+    Returns:
+        Its ``step``; ``None`` when it does not record one.
+    """
+    state = load_weights_only(path, map_location="cpu", mmap=True)
+    step = state.get("step") if isinstance(state, dict) else None
+    return int(step) if isinstance(step, int) else None
+
+
+def check_pause_step(pause_at_step: Any, step: int | None, run_dir: Path) -> None:
+    """Refuse a ``trainer.pause_at_step`` the resumed run has already reached.
+
+    Raises:
+        ConfigError: ``pause_at_step`` is at or before the checkpoint's step (the run would stop at
+            once, with nothing trained and nothing said).
+    """
+    if pause_at_step is None or step is None or int(pause_at_step) > step:
+        return
+    raise ConfigError(
+        f"trainer.pause_at_step={pause_at_step}: {run_dir} resumes at step {step}, already at or past it; "
+        f"give a step after {step}, or leave pause_at_step out to run to the end"
+    )
+
+
+def settled_park(run_dir: Path) -> None:
+    """Settle a run whose ``--park`` was killed between writing the gzip copy and deleting the original.
+
+    Both ``metrics.jsonl`` and ``metrics.jsonl.gz`` then hold the same rows: the gzip copy goes. When
+    they differ, which rows are the run's is unclear: refused, naming both.
+
+    Raises:
+        RunExistsError: The two files hold different rows.
+    """
+    plain, parked = run_dir / METRICS_NAME, run_dir / PARKED_METRICS_NAME
+    if not (plain.exists() and parked.exists()):
+        return
+    try:
+        same = gzip.decompress(parked.read_bytes()) == plain.read_bytes()
+    except (OSError, EOFError):  # a damaged gzip copy: left for a person to judge
+        same = False
+    if same:
+        parked.unlink()
+        return
+    raise RunExistsError(
+        f"{run_dir} holds both {METRICS_NAME} and {PARKED_METRICS_NAME} with different rows; keep the one "
+        "with the run's rows (the longer one, normally), delete the other, then resume"
+    )
+
+
+def check_metrics_cover(run_dir: Path, step: int | None, trainer: Any) -> None:
+    """Refuse to resume over a ``metrics.jsonl`` that lacks rows up to the checkpoint's step.
+
+    A run logs step 0 and every step divisible by ``trainer.log_every`` or ``trainer.eval_every``;
+    a resume keeps the rows at or before its checkpoint and appends. Over a deleted or shortened
+    file it would leave a gap no reader sees, under a summary that says ``completed``.
+
+    Raises:
+        RunExistsError: Naming the file, the rows it lacks and what to do.
+    """
+    if step is None:
+        return
+    path = run_dir / METRICS_NAME
+    todo = (
+        "restore it (git checkout, or a backup) and resume again, or start the run again with "
+        "trainer.restart=true (its records are moved aside)"
+    )
+    if not has_metrics(run_dir):
+        raise RunExistsError(
+            f"{path} is missing: the run's rows up to its checkpoint (step {step}) are gone, and resuming "
+            f"would record only the steps after it; {todo}"
+        )
+    steps = {r.get("step") for r in read_metrics(path) if isinstance(r, dict)}
+    every = [int(n) for n in (trainer.get("log_every"), trainer.get("eval_every")) if n and int(n) > 0]
+    last = max([0, *(step - step % n for n in every)])  # the last step before the checkpoint a row was due at
+    missing = [s for s in (0, last) if s not in steps]
+    if missing:
+        have = sorted(s for s in steps if isinstance(s, int) and s <= step)
+        held = f"rows of steps {have[0]}..{have[-1]}" if have else "no rows"
+        raise RunExistsError(
+            f"{path} is shortened: it holds {held} but lacks step {missing[0]} of the run resumed at step "
+            f"{step} (a row was logged there); resuming would leave a gap; {todo}"
+        )

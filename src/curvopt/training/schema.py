@@ -420,7 +420,7 @@ class RunSettings:
         run_id = check_name("run_id", config["run_id"]) if config.get("run_id") else None
         trainer = TrainerConfig.from_config(config.get("trainer"))
         optimizer = config.get("optimizer") or {}
-        check_optimizer_values(optimizer)
+        check_optimizer_values(optimizer, dtype=trainer.dtype)
         dataset, model = config.get("dataset") or {}, config.get("model") or {}
         return cls(
             trainer=trainer,
@@ -492,14 +492,16 @@ def check_known_keys(cfg: DictConfig | Mapping[str, Any]) -> None:
         )
 
 
-def check_optimizer_values(opt_cfg: DictConfig | Mapping[str, Any]) -> None:
+def check_optimizer_values(opt_cfg: DictConfig | Mapping[str, Any], dtype: str | None = None) -> None:
     """Check that no optimizer value is NaN and that learning rates are finite and non-negative.
 
     Learning rates are the keys :data:`LEARNING_RATE_KEYS` at any depth; the optimizers check their
-    own ranges when they are built.
+    own ranges when they are built. With ``dtype``, a learning rate must also be a number of that
+    precision (``optimizer.lr=1e300`` overflows float32 inside the first step).
 
     Args:
         opt_cfg: The ``optimizer`` config.
+        dtype: The run's ``trainer.dtype`` (``float32``, ``float64``, ``bfloat16``), or ``None``.
 
     Raises:
         ConfigError: Naming the offending key and value.
@@ -522,7 +524,19 @@ def check_optimizer_values(opt_cfg: DictConfig | Mapping[str, Any]) -> None:
             and not (math.isfinite(value) and value >= 0)
         ):
             raise ConfigError(f"{key}={value}: must be a finite non-negative number")
+        elif (
+            limit is not None
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and key.rsplit(".", 1)[-1] in LEARNING_RATE_KEYS
+            and value > limit
+        ):
+            raise ConfigError(
+                f"{key}={value}: larger than the largest {dtype} number ({limit:.3g}), so the step "
+                f"cannot use it; give a learning rate below it"
+            )
 
+    limit = float(torch.finfo(DTYPES[dtype]).max) if dtype in DTYPES else None
     walk(values, "optimizer")
 
 

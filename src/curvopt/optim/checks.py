@@ -210,6 +210,8 @@ UNIT = real(0.0, 1.0, high_open=True)
 UNIT_OPEN_LOW = real(0.0, 1.0, low_open=True)
 #: ``True`` or ``False``.
 FLAG = Range("bool")
+#: Any integer (seeds).
+INTEGER = Range("int")
 
 
 def check_hparams(owner: str, ranges: Mapping[str, Range], values: Mapping[str, Any]) -> None:
@@ -226,6 +228,41 @@ def check_hparams(owner: str, ranges: Mapping[str, Range], values: Mapping[str, 
     for name, rng in ranges.items():
         if name in values:
             rng.check(owner, name, values[name])
+
+
+#: The step settings the Gauss-Newton Algorithms FGN and SGN share, declared once (each adds its own).
+GN_STEP_RANGES: dict[str, Range] = {
+    "lr": POSITIVE,
+    "damping": POSITIVE,
+    "cg_tol": NONNEG,
+    "cg_maxiter": count(1),
+    "cg_early_exit": one_of(True, False, "auto"),
+    "check_finite": one_of(None, "auto", "eager", "deferred"),
+    "host_stats": FLAG,
+}
+
+
+def check_gn_step(
+    owner: str, model: torch.nn.Module, values: Mapping[str, Any], own: Mapping[str, Range]
+) -> None:
+    """FGN's and SGN's one validation: :data:`GN_STEP_RANGES` and ``own``, then real floating parameters.
+
+    Args:
+        owner: ``"FGN"`` or ``"SGN"``, for the message.
+        model: The model (its trainable parameters must be real floating point).
+        values: The constructor's arguments.
+        own: The method's own ranges.
+
+    Raises:
+        ValueError: A setting out of range.
+        TypeError: A trainable parameter is complex (or not floating point).
+    """
+    check_hparams(owner, {**GN_STEP_RANGES, **own}, values)
+    for p in model.parameters():
+        if p.requires_grad and not p.is_floating_point():
+            raise TypeError(
+                f"{owner} supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
+            )
 
 
 def check_finite_nonneg(owner: str, name: str, value: Any) -> None:

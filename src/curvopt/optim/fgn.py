@@ -33,7 +33,6 @@ logged scalars; ``host_stats=False`` leaves even that read to the caller (:meth:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +58,7 @@ from curvopt.curvature.fgn_ops import (
     row_space_cg,
 )
 from curvopt.objective import Objective
+from curvopt.optim.checks import FLAG, POSITIVE, Range, check_gn_step, count, one_of
 
 IMPLEMENTATIONS = ("auto", "generic", "affine")
 
@@ -174,11 +174,13 @@ def affine_fgn_direction(
     return ca, stats
 
 
-def _finite_positive(value: Any) -> bool:
-    """Whether ``value`` is a real number, finite and > 0 (NaN, inf and bools are not)."""
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    )
+#: FGN's own settings (besides :data:`~curvopt.optim.checks.GN_STEP_RANGES`, shared with SGN).
+FGN_RANGES: dict[str, Range] = {
+    "implementation": one_of(*IMPLEMENTATIONS),
+    "margin_clamp": POSITIVE,
+    "compile": FLAG,
+    "gram_blocks": count(1, also=("auto",)),
+}
 
 
 class FGN(AlgorithmBase):
@@ -260,19 +262,7 @@ class FGN(AlgorithmBase):
             raise ValueError(
                 f"FGN is defined for softmax cross-entropy; the objective's loss is {objective.loss_kind!r}"
             )
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-        if not (_finite_positive(lr) and _finite_positive(damping)):
-            raise ValueError(
-                f"FGN needs lr and damping to be finite positive numbers (got lr={lr}, damping={damping})"
-            )
-        for p in objective.model.parameters():
-            if p.requires_grad and not p.is_floating_point():
-                raise TypeError(
-                    f"FGN supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
-                )
-        if cg_maxiter < 1 or not cg_tol >= 0:  # NaN tolerance fails too
-            raise ValueError(f"need cg_maxiter >= 1 and cg_tol >= 0 (got {cg_maxiter}, {cg_tol})")
+        check_gn_step("FGN", objective.model, locals(), FGN_RANGES)
         self.objective = objective
         self.lr = float(lr)
         self.damping = float(damping)
@@ -281,8 +271,6 @@ class FGN(AlgorithmBase):
         device = next(objective.model.parameters()).device
         if cg_early_exit == "auto":
             cg_early_exit = device.type == "cpu"
-        elif not isinstance(cg_early_exit, bool):
-            raise ValueError(f"cg_early_exit must be True, False or 'auto', got {cg_early_exit!r}")
         self.cg_early_exit = cg_early_exit
         self.check_finite = resolve_check_finite(check_finite, device)
         self.host_stats = bool(host_stats)

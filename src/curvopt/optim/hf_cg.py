@@ -54,7 +54,19 @@ from curvopt.objective import (
     per_example_loss,
     unflatten,
 )
-from curvopt.optim.checks import check_finite_nonneg, check_real_floating
+from curvopt.optim.checks import (
+    FLAG,
+    INTEGER,
+    NONNEG,
+    UNIT,
+    Range,
+    at_least,
+    check_hparams,
+    check_trainable,
+    count,
+    one_of,
+    real,
+)
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +272,36 @@ def _case_order(num_train: int, shuffle: bool, seed: int) -> Tensor:
     return torch.arange(num_train)
 
 
+#: HF-CG's hyper-parameters and what each may be (``curvopt.optim.checks``), checked at construction.
+HFCG_RANGES: dict[str, Range] = {
+    "initlambda": NONNEG,
+    "boost": at_least(1.0),
+    "drop": real(0.0, 1.0, low_open=True),
+    "rho_low": NONNEG,
+    "rho_high": NONNEG,
+    "weight_cost": NONNEG,
+    "numchunks": count(1),
+    "shuffle": FLAG,
+    "cg_maxiter": count(1),
+    "cg_miniter": count(0),
+    "cg_decay": real(0.0, 1.0),
+    "cg_progress_tol": NONNEG,
+    "cg_gap_ratio": NONNEG,
+    "cg_min_gap": count(0),
+    "preconditioner": one_of(*PRECONDITIONERS),
+    "precon_exponent": NONNEG,
+    "cg_backtracking": FLAG,
+    "line_search": FLAG,
+    "ls_c": UNIT,
+    "ls_factor": real(0.0, 1.0, low_open=True, high_open=True),
+    "ls_max_reductions": count(0),
+    "eval_chunk": count(1),
+    "curvature_products": one_of(*CURVATURE_PRODUCTS),
+    "seed": INTEGER,
+    "sync_timers": FLAG,
+}
+
+
 class HFCG:
     """Martens' Hessian-free optimiser with CG (an ``Algorithm``; see the module docstring).
 
@@ -342,19 +384,14 @@ class HFCG:
         seed: int = 0,
         sync_timers: bool = False,
     ) -> None:
-        if preconditioner not in PRECONDITIONERS:
-            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
-        if curvature_products not in CURVATURE_PRODUCTS:
-            raise ValueError(f"curvature_products must be one of {CURVATURE_PRODUCTS}")
+        check_hparams("HF-CG", HFCG_RANGES, locals())
+        if rho_low > rho_high:
+            raise ValueError(
+                f"HF-CG: rho_low must be <= rho_high, got rho_low={rho_low!r} > rho_high={rho_high!r}"
+            )
         if data.train is None:
             raise ValueError("HF-CG needs an in-memory training split (full-set gradient and line search)")
-        check_finite_nonneg("HF-CG", "initlambda", initlambda)
-        check_finite_nonneg("HF-CG", "boost", boost)
-        check_finite_nonneg("HF-CG", "drop", drop)
-        check_finite_nonneg("HF-CG", "weight_cost", weight_cost)
-        check_real_floating("HF-CG", objective.params())
-        if numchunks < 1 or cg_maxiter < 1 or eval_chunk < 1:
-            raise ValueError("numchunks, cg_maxiter and eval_chunk must be >= 1")
+        check_trainable("HF-CG", objective.params(), one_dtype=True)
         self.objective = objective
         self.x_train, self.y_train = data.train
         self.num_train = data.num_train

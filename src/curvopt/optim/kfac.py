@@ -58,6 +58,20 @@ from torch.func import jvp
 from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.curvature.hvp import hvp_module
 from curvopt.objective import Objective, mean_loss, output_hessian_vp
+from curvopt.optim.checks import (
+    FLAG,
+    INTEGER,
+    NONNEG,
+    POSITIVE,
+    UNIT,
+    UNIT_OPEN_LOW,
+    Range,
+    check_hparams,
+    count,
+    one_of,
+    optional,
+    real,
+)
 
 ESTIMATIONS = ("fisher_gradients", "empirical")
 UNCOVERED = ("error", "diagonal")
@@ -101,14 +115,6 @@ class _CaptureHook:
         if id(self.owner) not in memo:  # the model is copied, not its K-FAC
             return self
         return _CaptureHook(copy.deepcopy(self.owner, memo), copy.deepcopy(self.block, memo))
-
-
-def _check_positive(name: str, value: Any, allow_inf: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    if not ok or (not allow_inf and not math.isfinite(value)):
-        raise ValueError(
-            f"K-FAC: {name} must be a {'' if allow_inf else 'finite '}positive number, got {value!r}"
-        )
 
 
 def _conv_supported(m: nn.Module) -> bool:
@@ -349,6 +355,31 @@ def _closed_form_lstsq(A: Tensor, b: Tensor) -> Tensor:
     return torch.where(full, inverse, rank_one)
 
 
+#: K-FAC's settings and what each may be (``curvopt.optim.checks``), checked at construction.
+KFAC_RANGES: dict[str, Range] = {
+    "lr": real(0.0, low_open=True, also=("adaptive",)),
+    "momentum": real(0.0, also=("adaptive",)),
+    "damping": POSITIVE,
+    "adaptive_damping": FLAG,
+    "damping_adaptation_interval": count(1),
+    "damping_adaptation_decay": UNIT_OPEN_LOW,
+    "damping_lower_threshold": NONNEG,
+    "damping_upper_threshold": NONNEG,
+    "min_damping": POSITIVE,
+    "max_damping": real(0.0, low_open=True, finite=False),
+    "include_damping_in_quad_change": FLAG,
+    "curvature_ema": UNIT,
+    "curvature_update_period": count(1),
+    "inverse_update_period": count(1),
+    "estimation": one_of(*ESTIMATIONS),
+    "l2_reg": NONNEG,
+    "uncovered": one_of(*UNCOVERED),
+    "clip_grad_value": optional(POSITIVE),
+    "seed": INTEGER,
+    "host_stats": FLAG,
+}
+
+
 class KFAC(AlgorithmBase):
     """K-FAC with kfac-jax's adaptive learning rate, momentum and damping (an ``Algorithm``).
 
@@ -439,46 +470,14 @@ class KFAC(AlgorithmBase):
         seed: int = 0,
         host_stats: bool = True,
     ) -> None:
-        if estimation not in ESTIMATIONS:
-            raise ValueError(f"estimation must be one of {ESTIMATIONS}, got {estimation!r}")
-        if uncovered not in UNCOVERED:
-            raise ValueError(f"uncovered must be one of {UNCOVERED}, got {uncovered!r}")
-        for name, value in (("lr", lr), ("momentum", momentum)):
-            if isinstance(value, str):
-                if value != "adaptive":
-                    raise ValueError(f"{name} must be a number or 'adaptive', got {value!r}")
-            elif (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or (value <= 0 if name == "lr" else value < 0)
-            ):
-                kind = "positive" if name == "lr" else "non-negative"
-                raise ValueError(f"K-FAC: {name} must be 'adaptive' or a finite {kind} number, got {value!r}")
-        _check_positive("damping", damping)
-        _check_positive("min_damping", min_damping)
-        _check_positive("max_damping", max_damping, allow_inf=True)
+        check_hparams("K-FAC", KFAC_RANGES, locals())
         if not min_damping <= max_damping:
             raise ValueError(f"K-FAC: need min_damping <= max_damping, got {min_damping} > {max_damping}")
-        if not 0.0 < damping_adaptation_decay <= 1.0:  # NaN fails too
+        if not damping_lower_threshold <= damping_upper_threshold:
             raise ValueError(
-                f"K-FAC: damping_adaptation_decay must be in (0, 1], got {damping_adaptation_decay}"
+                "K-FAC: need damping_lower_threshold <= damping_upper_threshold, got "
+                f"{damping_lower_threshold} > {damping_upper_threshold}"
             )
-        if not (math.isfinite(l2_reg) and l2_reg >= 0):
-            raise ValueError(f"K-FAC: l2_reg must be a finite non-negative number, got {l2_reg}")
-        for name, value in (
-            ("damping_adaptation_interval", damping_adaptation_interval),
-            ("curvature_update_period", curvature_update_period),
-            ("inverse_update_period", inverse_update_period),
-        ):
-            if int(value) != value or value < 1:
-                raise ValueError(f"K-FAC: {name} must be a positive number of steps, got {value!r}")
-        if clip_grad_value is not None and not (math.isfinite(clip_grad_value) and clip_grad_value > 0):
-            raise ValueError(
-                f"K-FAC: clip_grad_value must be None or a finite positive number, got {clip_grad_value}"
-            )
-        if not 0.0 <= curvature_ema < 1.0:
-            raise ValueError(f"curvature_ema must be in [0, 1), got {curvature_ema}")
         for p in objective.model.parameters():
             if p.requires_grad and not p.is_floating_point():
                 raise TypeError(

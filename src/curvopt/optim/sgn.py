@@ -54,6 +54,7 @@ from curvopt.curvature.fgn_ops import (
     true_vs_rest_margin,
 )
 from curvopt.objective import Objective, Params, flatten, unflatten
+from curvopt.optim.checks import FLAG, Range, check_gn_step
 
 
 def softmax_ggn_output_product(probs: Tensor, u: Tensor) -> Tensor:
@@ -154,11 +155,12 @@ def fixed_length_cg(
     return x, {"iters": iters, "rnorm": rnorm, "b_norm": b_norm, "stop": code}
 
 
-def _finite_positive(value: Any) -> bool:
-    """Whether ``value`` is a real number, finite and > 0 (NaN, inf and bools are not)."""
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    )
+#: SGN's own settings (besides :data:`~curvopt.optim.checks.GN_STEP_RANGES`, shared with FGN).
+SGN_RANGES: dict[str, Range] = {
+    "warm_start": FLAG,
+    "log_dispersion": FLAG,
+    "cg_float64_dots": FLAG,
+}
 
 
 class SGN(AlgorithmBase):
@@ -233,17 +235,7 @@ class SGN(AlgorithmBase):
             raise ValueError(
                 f"SGN here is the softmax cross-entropy baseline; got loss {objective.loss_kind!r}"
             )
-        if not (_finite_positive(lr) and _finite_positive(damping)):
-            raise ValueError(
-                f"SGN needs lr and damping to be finite positive numbers (got lr={lr}, damping={damping})"
-            )
-        for p in objective.model.parameters():
-            if p.requires_grad and not p.is_floating_point():
-                raise TypeError(
-                    f"SGN supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
-                )
-        if cg_maxiter < 1 or not cg_tol >= 0:  # NaN tolerance fails too
-            raise ValueError(f"need cg_maxiter >= 1 and cg_tol >= 0 (got {cg_maxiter}, {cg_tol})")
+        check_gn_step("SGN", objective.model, locals(), SGN_RANGES)
         self.objective = objective
         self.lr = float(lr)
         self.damping = float(damping)
@@ -255,8 +247,6 @@ class SGN(AlgorithmBase):
         device = next(objective.model.parameters()).device
         if cg_early_exit == "auto":
             cg_early_exit = device.type == "cpu"
-        elif not isinstance(cg_early_exit, bool):
-            raise ValueError(f"cg_early_exit must be True, False or 'auto', got {cg_early_exit!r}")
         self.cg_early_exit = cg_early_exit
         self.check_finite = resolve_check_finite(check_finite, device)
         self.host_stats = bool(host_stats)

@@ -36,7 +36,20 @@ from curvopt.objective import (
     Params,
     unflatten,
 )
-from curvopt.optim.checks import check_finite_nonneg, check_real_floating
+from curvopt.optim.checks import (
+    FLAG,
+    INTEGER,
+    NONNEG,
+    UNIT,
+    Range,
+    at_least,
+    check_hparams,
+    check_trainable,
+    count,
+    one_of,
+    optional,
+    real,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +192,45 @@ def next_batch_size_rule(
     return n_next, maxiter_next, reason
 
 
+#: SHF's hyper-parameters and what each may be (``curvopt.optim.checks``), checked at construction.
+SHF_RANGES: dict[str, Range] = {
+    "damping": NONNEG,
+    "drop": real(0.0, 1.0, low_open=True),
+    "gamma": real(0.0, 1.0),
+    "gamma_growth": real(0.0, low_open=True),
+    "gamma_max": real(0.0, 1.0),
+    "maxiter": count(1),
+    "atol": NONNEG,
+    "ftol": NONNEG,
+    "miniter": count(0),
+    "recover": count(0),
+    "theta": NONNEG,
+    "armijo": UNIT,
+    "max_halvings": count(0),
+    "rho_low": NONNEG,
+    "rho_high": NONNEG,
+    "batch_size": count(1),
+    "max_batch_size": count(1),
+    "stall_window": count(1),
+    "stall_threshold": NONNEG,
+    "batch_growth": at_least(1.0),
+    "preconditioner": one_of(*PRECONDITIONERS),
+    "precon_sqrt": FLAG,
+    "step_space": one_of(*STEP_SPACES),
+    "warm_start": one_of(*WARM_STARTS),
+    "damping_center": one_of(*DAMPING_CENTERS),
+    "return_best": FLAG,
+    "variance_norm_power": one_of(1, 2),
+    "variance_gradients": one_of(*VARIANCE_GRADIENTS),
+    "use_hand_written_gn": FLAG,
+    "merit": FLAG,
+    "val_max_examples": optional(count(1)),
+    "eval_chunk": count(1),
+    "seed": INTEGER,
+    "sync_timers": FLAG,
+}
+
+
 class SHF:
     """Stochastic Hessian-free optimisation with preconditioned LSMR (an ``Algorithm``).
 
@@ -297,29 +349,12 @@ class SHF:
         seed: int = 0,
         sync_timers: bool = False,
     ) -> None:
-        if step_space not in STEP_SPACES:
-            raise ValueError(f"step_space must be one of {STEP_SPACES}, got {step_space!r}")
-        if warm_start not in WARM_STARTS:
-            raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {warm_start!r}")
-        if preconditioner not in PRECONDITIONERS:
-            raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {preconditioner!r}")
-        if damping_center not in DAMPING_CENTERS:
-            raise ValueError(f"damping_center must be one of {DAMPING_CENTERS}, got {damping_center!r}")
-        if variance_norm_power not in (1, 2):
-            raise ValueError("variance_norm_power must be 1 (paper) or 2 (Byrd et al.)")
-        if variance_gradients not in VARIANCE_GRADIENTS:
+        check_hparams("SHF", SHF_RANGES, locals())
+        if rho_low > rho_high:
             raise ValueError(
-                f"variance_gradients must be one of {VARIANCE_GRADIENTS}, got {variance_gradients!r}"
+                f"SHF: rho_low must be <= rho_high, got rho_low={rho_low!r} > rho_high={rho_high!r}"
             )
-        check_finite_nonneg("SHF", "damping", damping)
-        check_finite_nonneg("SHF", "gamma", gamma)
-        check_finite_nonneg("SHF", "theta", theta)
-        check_finite_nonneg("SHF", "atol", atol)
-        check_finite_nonneg("SHF", "ftol", ftol)
-        check_finite_nonneg("SHF", "armijo", armijo)
-        if not 0 < drop <= 1:
-            raise ValueError(f"SHF: drop must be in (0, 1], got {drop!r}")
-        check_real_floating("SHF", objective.params())
+        check_trainable("SHF", objective.params(), one_dtype=True)
         if objective.loss_kind != "squared_error":
             raise ValueError("SHF-LSMR is a least-squares method: the model's loss must be squared_error")
         if data.train is None:

@@ -8,6 +8,7 @@ value and what is allowed. Tensor values (a 0-d tensor ``lr``) are checked by va
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -238,3 +239,122 @@ def test_the_adam_fallback_refuses_a_gradient_it_cannot_square():
     w.grad, b.grad = torch.randn(6, 9), torch.full((9,), 1e30)
     with pytest.raises(NonFiniteError, match=r"parameter #1 \(shape \(9,\)\) reaches \|g\| = 1e\+30"):
         opt.step()
+
+
+# ------------------------------------------------------------------------------- the Algorithms
+def _mlp() -> nn.Module:
+    gen = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+_X = torch.randn(80, 4, generator=torch.Generator().manual_seed(1))
+_YC = torch.randint(0, 3, (80,), generator=torch.Generator().manual_seed(2))
+_YR = torch.randn(80, 3, generator=torch.Generator().manual_seed(3))
+
+
+def _build_algorithm(name: str, model: nn.Module | None = None, **kw):
+    from curvopt.api import DataBundle
+    from curvopt.objective import Objective
+    from curvopt.optim import FGN, HFCG, KFAC, SGN, SHF
+
+    model = _mlp() if model is None else model
+    if name == "SHF":
+        data = DataBundle(train=(_X[:64], _YR[:64]), val=(_X[64:], _YR[64:]))
+        return SHF(Objective(model, "squared_error"), data, **{"batch_size": 16, "max_batch_size": 32, **kw})
+    objective = Objective(model, "cross_entropy")
+    if name == "HFCG":
+        data = DataBundle(train=(_X[:64], _YC[:64]), val=(_X[64:], _YC[64:]))
+        return HFCG(objective, data, **{"numchunks": 2, "cg_maxiter": 3, **kw})
+    return {"FGN": FGN, "SGN": SGN, "KFAC": KFAC}[name](objective, **kw)
+
+
+def _numeric_settings(name: str) -> dict[str, Any]:
+    from curvopt.optim import fgn, hf_cg, kfac, sgn, shf
+    from curvopt.optim.checks import GN_STEP_RANGES
+
+    table = {
+        "SHF": shf.SHF_RANGES,
+        "HFCG": hf_cg.HFCG_RANGES,
+        "FGN": {**GN_STEP_RANGES, **fgn.FGN_RANGES},
+        "SGN": {**GN_STEP_RANGES, **sgn.SGN_RANGES},
+        "KFAC": kfac.KFAC_RANGES,
+    }[name]
+    return {k: r for k, r in table.items() if r.kind in ("real", "int")}
+
+
+OWNER = {"SHF": "SHF", "HFCG": "HF-CG", "FGN": "FGN", "SGN": "SGN", "KFAC": "K-FAC"}
+
+
+@pytest.mark.parametrize("name", ["SHF", "HFCG", "FGN", "SGN", "KFAC"])
+def test_every_numeric_setting_refuses_nan_negative_and_inf(name):
+    """Issue 43: SHF accepted 40 of 66 such settings, HF-CG 32 of 54, FGN 5 of 15 (margin_clamp, cg_tol=inf),
+    SGN 2 of 12 (cg_tol=inf), K-FAC 9 of 38 (its damping thresholds, periods of inf)."""
+    settings = _numeric_settings(name)
+    assert len(settings) >= 4
+    accepted = []
+    for key, rng in settings.items():
+        for bad in (NAN, -1.0, INF):
+            if rng.accepts(bad):  # the seed (any integer), K-FAC's max_damping (inf: no cap)
+                continue
+            try:
+                _build_algorithm(name, **{key: bad})
+            except ValueError as err:
+                message = str(err)
+                assert message.startswith(f"{OWNER[name]}: {key} must be "), message
+                assert "\n" not in message
+                continue
+            accepted.append(f"{key}={bad}")
+    assert not accepted, f"{name} accepted {accepted}"
+
+
+@pytest.mark.parametrize("name", ["SHF", "HFCG"])
+def test_a_model_with_nothing_trainable_is_refused_by_name(name):
+    """Issue 43: SHF raised a bare StopIteration (HF-CG accepted it)."""
+    model = _mlp().requires_grad_(False)
+    with pytest.raises(ValueError, match=f"{OWNER[name]}: the model has no trainable parameter"):
+        _build_algorithm(name, model)
+
+
+@pytest.mark.parametrize("name", ["SHF", "HFCG"])
+def test_mixed_float32_float64_parameters_are_refused_up_front(name):
+    """Issue 43: the step failed inside torch.func (mat1 and mat2 must have the same dtype)."""
+    model = _mlp()
+    model[2].double()
+    with pytest.raises(
+        ValueError, match=r"needs one dtype; got 0\.weight is torch\.float32, 2\.weight is torch\.float64"
+    ):
+        _build_algorithm(name, model)
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("KFAC", {"damping_lower_threshold": 0.8, "damping_upper_threshold": 0.2}),
+        ("SHF", {"rho_low": 0.9, "rho_high": 0.1}),
+        ("HFCG", {"rho_low": 0.9, "rho_high": 0.1}),
+    ],
+)
+def test_crossed_thresholds_are_refused(name, kw):
+    with pytest.raises(ValueError, match="<="):
+        _build_algorithm(name, **kw)
+
+
+@pytest.mark.parametrize("name", ["FGN", "SGN"])
+def test_fgn_and_sgn_share_one_validation(name):
+    from curvopt.optim.checks import GN_STEP_RANGES
+
+    for key in GN_STEP_RANGES:
+        bad = "nope"
+        with pytest.raises(ValueError, match=f"^{name}: {key} must be "):
+            _build_algorithm(name, **{key: bad})
+
+
+def test_kfac_keeps_adaptive_and_an_uncapped_max_damping():
+    kfac = _build_algorithm("KFAC", lr="adaptive", momentum="adaptive", max_damping=INF)
+    assert kfac.lr == "adaptive" and kfac.max_damping == INF
+    with pytest.raises(ValueError, match="K-FAC: lr must be 'adaptive' or a finite number > 0, got 'auto'"):
+        _build_algorithm("KFAC", lr="auto")

@@ -23,6 +23,13 @@ status), ``slice.log``, ``results.tar.gz`` (every file the slice wrote under res
 excepted), ``checkpoints.tar`` (gzip'd ``checkpoint.pt`` of unfinished runs, in priority order while
 the limits allow) and ``logs.tar.gz``; an archive over 15 MiB is split into ``.partNN`` files.
 
+``unpack`` accepts only a manifest whose ``slice`` is a slice id of the queue (and whose ``stamp`` is a
+time stamp), refusing (exit 2, nothing written) a damaged or malformed output; a run whose records
+here have gone further than the output's is left as it is, the output's copy of it set aside in
+``outputs/gpu_slices/<slice>/<stamp>/stale/``; the same output unpacked again adds no ledger row.
+``run`` deletes its scratch folder (``GPU_SLICE_TMP``) only when it created it (it holds
+``.gpu_slice_work``); another non-empty folder there is refused.
+
 Every train run is started through ``exec`` (this file), which sets TF32 as the queue asks and
 records what the process saw (device, torch, CUDA, cuDNN, TF32 and float32 matmul precision); the
 run directory gets ``gpu_slice.json``, one segment per slice that ran it.
@@ -1480,7 +1487,7 @@ def stale_runs(stage: Path, root: Path) -> dict[str, tuple[int | None, int]]:
 
 
 def _under(arc: str, run_rels: set[str]) -> bool:
-    return any(arc.startswith(rel + "/") and "/" not in arc[len(rel) + 1 :] for rel in run_rels)
+    return any(arc.startswith(rel + "/") for rel in run_rels)
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:

@@ -10,7 +10,8 @@
 # and packs records, checkpoints of unfinished runs, logs and manifest.json into $OUT.
 # Prepare here with `make gpu-carry ITEM=...`; afterwards `make gpu-unpack FROM=<files_at>`.
 # Environment: PYTHON (default python3), GPU_SLICE_WORK_S, GPU_SLICE_TMP (scratch, default
-# /tmp/gpu_slice), GPU_SLICE_RESULTS (default results/), GPU_SLICE_CARRY (default gpu_carry/).
+# /tmp/gpu_slice; emptied only when a slice made it, another non-empty folder is refused),
+# GPU_SLICE_RESULTS (default results/), GPU_SLICE_CARRY (default gpu_carry/).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

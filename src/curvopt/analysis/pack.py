@@ -306,8 +306,10 @@ def pack_experiment(
     """Fold the loose runs of ``exp_dir`` (and an existing pack) into ``metrics.parquet`` + ``runs.jsonl``.
 
     The pack is checked against the files before the packed runs' files are deleted. A loose
-    run with a run_id already in the pack replaces the packed one; runs without a summary, with
-    a ``run.lock``, or whose summary says they are not over (:data:`UNFINISHED`) are skipped.
+    run with a run_id already in the pack replaces the packed one; runs without a summary, locked
+    by a live process (``run.lock``), or whose summary says they are not over (:data:`UNFINISHED`)
+    are skipped. Each packed run's lock is held from the moment it is read until its files are
+    deleted, so a resume of it started meanwhile is refused instead of losing its rows.
 
     Args:
         exp_dir: The experiment directory.
@@ -321,6 +323,8 @@ def pack_experiment(
     Raises:
         ValueError: If a metrics key is named ``run_id``.
         AssertionError: If the pack does not read back equal to the files (nothing is deleted).
+        RecordError: The existing pack is damaged (a half-written ``runs.jsonl``, a missing
+            ``metrics.parquet``): nothing is written.
     """
     exp_dir = Path(exp_dir)
     runs: dict[str, dict[str, Any]] = {}
@@ -596,8 +600,9 @@ def unpack_run(run_dir: str | Path) -> int:
 
     ``config.yaml``, ``summary.json`` and ``metrics.jsonl`` are written into ``run_dir`` (which
     may hold the run's checkpoint and ``overrides.yaml``, left as they are); then the pack is
-    rewritten without the run. Its other runs are not touched. A crash in between leaves the run
-    both loose and packed, with the same rows, which packing again resolves.
+    rewritten without the run. Its other runs are not touched. An unpack killed part-way leaves
+    some of these files, each as this function writes it: unpacking again recognises them and
+    finishes. The run's lock is held meanwhile.
 
     Args:
         run_dir: ``<experiment dir>/<run_id>`` of a packed run.
@@ -607,8 +612,10 @@ def unpack_run(run_dir: str | Path) -> int:
 
     Raises:
         FileNotFoundError: The run is not in its experiment's pack.
-        FileExistsError: ``run_dir`` already holds loose records (config, summary or metrics).
+        FileExistsError: ``run_dir`` already holds loose records (config, summary or metrics)
+            other than the packed run's.
         RunInUseError: A live process owns ``run_dir``.
+        RecordError: The pack is damaged (half-written ``runs.jsonl``, no ``metrics.parquet``).
 
     Example:
         >>> import tempfile

@@ -218,7 +218,9 @@ def test_lanczos_ese_inside_fosi_finds_the_quadratics_top_eigenpairs():
     n, k = 30, 4
     H, Q, lam, theta0 = _quadratic(n)
     theta = nn.Parameter(theta0.clone())
-    fosi = fosi_heavy_ball([theta], 0.01, _quad_loss(H), 0, k=k, ese_period=None, ese_warmup=0, num_iters=30)
+    fosi = fosi_heavy_ball(
+        [theta], _quad_loss(H), 0, lr=0.01, k=k, ese_period=None, ese_warmup=0, num_iters=30
+    )
     fosi.zero_grad()
     (0.5 * theta @ H @ theta).backward()
     fosi.step()
@@ -231,7 +233,7 @@ def test_lanczos_ese_inside_fosi_finds_the_quadratics_top_eigenpairs():
 
 def test_schedule_paper_and_released():
     theta = nn.Parameter(torch.zeros(20))
-    mk = lambda **kw: fosi_gd([theta], 0.1, lambda ps, b: (ps[0] ** 2).sum(), 0, k=2, **kw)  # noqa: E731
+    mk = lambda **kw: fosi_gd([theta], lambda ps, b: (ps[0] ** 2).sum(), 0, lr=0.1, k=2, **kw)  # noqa: E731
     paper = mk(ese_period=5, ese_warmup=3)
     assert [t for t in range(20) if paper.ese_due(t)] == [3, 8, 13, 18]
     released = mk(ese_period=5, ese_warmup=3, ese_schedule="released")
@@ -318,11 +320,11 @@ def test_adam_forces_c_to_one():
 def test_bad_inputs():
     theta = nn.Parameter(torch.zeros(5))
     with pytest.raises(ValueError, match="smaller than the number of parameters"):
-        fosi_gd([theta], 0.1, lambda ps, b: (ps[0] ** 2).sum(), 0, k=4, l=1)
+        fosi_gd([theta], lambda ps, b: (ps[0] ** 2).sum(), 0, lr=0.1, k=4, l=1)
     with pytest.raises(ValueError, match="ese_batch"):
-        fosi_gd([theta], 0.1, lambda ps, b: (ps[0] ** 2).sum(), None, k=2)
+        fosi_gd([theta], lambda ps, b: (ps[0] ** 2).sum(), None, lr=0.1, k=2)
     with pytest.raises(ValueError, match="newton_momentum"):
-        fosi_gd([theta], 0.1, lambda ps, b: (ps[0] ** 2).sum(), 0, k=2, newton_momentum="adam")
+        fosi_gd([theta], lambda ps, b: (ps[0] ** 2).sum(), 0, lr=0.1, k=2, newton_momentum="adam")
 
 
 @pytest.mark.parametrize(
@@ -344,7 +346,7 @@ def test_bad_option_values_are_refused(kwargs, match):
     kwargs = {"lr": 0.1, **kwargs}
     lr = kwargs.pop("lr")
     with pytest.raises(ValueError, match=match):
-        fosi_gd([theta], lr, lambda ps, b: (ps[0] ** 2).sum(), 0, k=2, **kwargs)
+        fosi_gd([theta], lambda ps, b: (ps[0] ** 2).sum(), 0, lr=lr, k=2, **kwargs)
 
 
 def _hb_fosi(model, x, y):
@@ -414,7 +416,15 @@ def test_non_symmetric_operator_is_detected_in_debug_mode():
         return 0.5 * (w * ps[0] ** 2).sum() + ps[0][0] * ps[0][1] * w[0]
 
     fosi = fosi_gd(
-        [theta], 0.1, random_loss, 0, k=2, ese_period=None, ese_warmup=0, debug=True, on_ese_failure="raise"
+        [theta],
+        random_loss,
+        0,
+        lr=0.1,
+        k=2,
+        ese_period=None,
+        ese_warmup=0,
+        debug=True,
+        on_ese_failure="raise",
     )
     theta.grad = torch.ones(30, dtype=F64)
     with pytest.raises(NonSymmetricOperatorError):
@@ -430,7 +440,7 @@ def test_failed_ese_stays_on_base_path_and_logs(caplog):
         return (ps[0] ** 2).sum() * float("nan")
 
     base_only = torch.optim.SGD([theta_a], lr=0.1, momentum=0.9)
-    fosi = fosi_heavy_ball([theta_b], 0.1, nan_loss, 0, k=2, ese_period=2, ese_warmup=1)
+    fosi = fosi_heavy_ball([theta_b], nan_loss, 0, lr=0.1, k=2, ese_period=2, ese_warmup=1)
     with caplog.at_level(logging.WARNING, logger="curvopt.optim.fosi"):
         for _ in range(4):
             for th, opt in ((theta_a, base_only), (theta_b, fosi)):
@@ -442,7 +452,7 @@ def test_failed_ese_stays_on_base_path_and_logs(caplog):
     assert fosi.last_info["ese_failed"] == 1 and "non-finite" in fosi.last_ese_error
     assert any("ESE before step" in r.message for r in caplog.records)
     raising = fosi_heavy_ball(
-        [theta_b], 0.1, nan_loss, 0, k=2, ese_period=None, ese_warmup=0, on_ese_failure="raise"
+        [theta_b], nan_loss, 0, lr=0.1, k=2, ese_period=None, ese_warmup=0, on_ese_failure="raise"
     )
     with pytest.raises(LanczosError):
         raising.step()

@@ -655,10 +655,10 @@ def test_alice0_takes_the_betas_pair_of_its_docstring():
     assert "Qt" not in opt.state[model.l1.weight]
 
 
-def test_fosi_factories_share_one_argument_order_and_keep_the_old_one():
-    """(params, loss_fn, ese_batch, lr=…) for all three; the old HB/GD order (params, lr, loss_fn, …) still works."""
+def test_fosi_factories_share_one_argument_order():
+    """(params, loss_fn, ese_batch, lr=…) for all three; the old HB/GD order (params, lr, loss_fn, …) is refused."""
     results = {}
-    for order in ("new_positional", "keywords", "old_positional"):
+    for order in ("new_positional", "keywords"):
         model = make_model()
         ese = _ese_batch(model)
         with warnings.catch_warnings(record=True) as caught:
@@ -681,22 +681,19 @@ def test_fosi_factories_share_one_argument_order_and_keep_the_old_one():
                         **FOSI_OPTS,
                     )
                 ]
-            else:
-                opts = [
-                    optim_pkg.fosi_heavy_ball(model.parameters(), 0.1, ce, ese, 0.8, model=model, **FOSI_OPTS)
-                ]
         deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert bool(deprecations) == (order == "old_positional")
+        assert not deprecations
         group = opts[0].param_groups[0]
         assert (group["lr"], group["momentum"]) == (0.1, 0.8)
         train(model, opts[0], 4)
         results[order] = model
     assert_same(results["new_positional"], results["keywords"])
-    assert_same(results["new_positional"], results["old_positional"])
     model = make_model()
-    gd_old = optim_pkg.fosi_gd(model.parameters(), 0.1, ce, _ese_batch(model), model=model, **FOSI_OPTS)
+    for factory in (optim_pkg.fosi_heavy_ball, optim_pkg.fosi_gd):  # the old order: a number as loss_fn
+        with pytest.raises(TypeError, match="callable"):
+            factory(model.parameters(), 0.1, ce, _ese_batch(model), model=model, **FOSI_OPTS)
     gd_new = optim_pkg.fosi_gd(model.parameters(), ce, _ese_batch(model), lr=0.1, model=model, **FOSI_OPTS)
-    assert gd_old.param_groups[0]["lr"] == gd_new.param_groups[0]["lr"] == 0.1
+    assert gd_new.param_groups[0]["lr"] == 0.1
     adam = optim_pkg.fosi_adam(model.parameters(), ce, _ese_batch(model), 0.02, model=model, **FOSI_OPTS)
     assert adam.param_groups[0]["lr"] == 0.02
     with pytest.raises(TypeError, match="callable"):
@@ -770,7 +767,18 @@ def test_lowrank_state_loads_weights_only_with_safe_globals():
 
 
 # -------------------------------------------------------------------------- docs and tables
-DOCTEST_MODULES = ("racs", "alice", "fosi", "fosi_adapter", "kfac", "fgn", "sgn", "lowrank", "grouping")
+DOCTEST_MODULES = (
+    "racs",
+    "alice",
+    "fosi.optimizer",
+    "fosi.factories",
+    "fosi_adapter",
+    "kfac",
+    "fgn",
+    "sgn",
+    "lowrank",
+    "grouping",
+)
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

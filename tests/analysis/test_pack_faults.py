@@ -199,3 +199,30 @@ def test_unpack_still_refuses_records_of_another_run(tmp_path: Path, capsys: pyt
     assert pack.main(["--unpack", str(exp / "adam_s0")]) == 2
     assert "Move summary.json out of" in capsys.readouterr().err
     assert pack.read_packed_runs(exp)[0]["run_id"] == "adam_s0"
+
+
+def test_a_parked_copy_left_by_an_older_pack_is_refused_then_cleared_by_unpack(tmp_path: Path) -> None:
+    """A pack made before this fix left metrics.jsonl.gz beside the packed run: train.py took the run
+    for a loose one. Now it is refused with the unpack command, and unpacking takes the copy back."""
+    import gzip
+
+    from curvopt.errors import RunExistsError
+    from curvopt.training.rundir import check_run_dir
+
+    exp = tmp_path / "exp"
+    run = finished_run(exp)
+    text = (run / "metrics.jsonl").read_text()
+    (run / "checkpoint.pt").write_bytes(b"kept checkpoint")
+    pack.pack_experiment(exp)
+    (run / "metrics.jsonl.gz").write_bytes(
+        gzip.compress(pack._record_texts(None, None, read_metrics_text(text))["metrics.jsonl"].encode())
+    )
+    with pytest.raises(RunExistsError, match="--unpack"):
+        check_run_dir(run, resume=True, restart=False)
+    assert pack.main(["--unpack", str(run)]) == 0
+    assert not (run / "metrics.jsonl.gz").exists() and len(read_metrics(run / "metrics.jsonl")) == 5
+    assert check_run_dir(run, resume=True, restart=False) == "resume"
+
+
+def read_metrics_text(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

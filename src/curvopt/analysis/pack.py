@@ -642,6 +642,9 @@ def unpack_run(run_dir: str | Path) -> int:
     rows = _loose_rows(exp_dir, entry)
     texts = _record_texts(entry["summary"], entry["config"], rows)
     # files an unpack of this run wrote before it was killed are its own: the unpack goes on
+    parked = run_dir / PARKED_METRICS_NAME
+    if parked.exists() and _read_or_none(parked) == texts["metrics.jsonl"]:
+        texts[PARKED_METRICS_NAME] = texts["metrics.jsonl"]  # the packed rows, parked: left by older packs
     loose = [
         f
         for f in (*RECORD_FILES, PARKED_METRICS_NAME)
@@ -663,6 +666,7 @@ def unpack_run(run_dir: str | Path) -> int:
     lock.acquire()  # no run may start in the directory while its records come back
     try:
         _write_records(run_dir, entry["summary"], entry["config"], rows)
+        parked.unlink(missing_ok=True)  # equal to metrics.jsonl (checked above)
         _drop_from_pack(exp_dir, run_id)
     finally:
         lock.release()
@@ -671,8 +675,8 @@ def unpack_run(run_dir: str | Path) -> int:
 
 def _read_or_none(path: Path) -> str | None:
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
+        return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    except (OSError, EOFError, UnicodeDecodeError):
         return None
 
 

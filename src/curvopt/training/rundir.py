@@ -253,7 +253,7 @@ def check_run_dir(run_dir: Path, resume: bool, restart: bool) -> str:
     """
     if resume and restart:
         raise ConfigError("trainer.resume=true and trainer.restart=true exclude each other; choose one")
-    if not has_metrics(run_dir):
+    if not (run_dir / METRICS_NAME).exists():  # a parked copy left beside a packed run counts for nothing
         _refuse_packed(run_dir, resume, restart)
     records = run_dir.is_dir() and has_records(run_dir)
     if resume:

@@ -494,16 +494,20 @@ def park_metrics(run_dir: Path) -> Path:
     src, dst = run_dir / METRICS_NAME, run_dir / PARKED_METRICS_NAME
     if not src.exists():
         raise FileNotFoundError(f"{src} does not exist (already parked, or not a run directory)")
-    RunLock(run_dir).check()
-    data = src.read_bytes()
-    tmp = dst.with_name(dst.name + ".tmp")
-    with gzip.GzipFile(tmp, "wb", mtime=0) as fh:  # mtime 0: the same rows give the same bytes
-        fh.write(data)
-    if gzip.decompress(tmp.read_bytes()) != data:
-        tmp.unlink()
-        raise OSError(f"parking {src}: the gzip copy does not read back equal; nothing changed")
-    os.replace(tmp, dst)
-    src.unlink()
+    lock = RunLock(run_dir)
+    lock.acquire()  # held until the original is gone: a resume started meanwhile is refused
+    try:
+        data = src.read_bytes()
+        tmp = dst.with_name(dst.name + ".tmp")
+        with gzip.GzipFile(tmp, "wb", mtime=0) as fh:  # mtime 0: the same rows give the same bytes
+            fh.write(data)
+        if gzip.decompress(tmp.read_bytes()) != data:
+            tmp.unlink()
+            raise OSError(f"parking {src}: the gzip copy does not read back equal; nothing changed")
+        os.replace(tmp, dst)
+        src.unlink()
+    finally:
+        lock.release()
     return dst
 
 

@@ -1377,7 +1377,9 @@ def verify_and_stage(src: Path, stage: Path) -> dict[str, Any]:
     man = read_manifest(mpath)
     for name, meta in man["files"].items():
         f = src / name
-        if not _safe_file_name(name) or not f.is_file():
+        if not _safe_file_name(name):
+            raise Refused(f"refused: manifest.json lists {name!r}, not a file name of a slice output")
+        if not f.is_file():
             raise Refused(f"refused: {name} is missing from {src}")
         if f.stat().st_size != meta["bytes"] or sha256_file(f) != meta["sha256"]:
             raise Refused(f"refused: {name} does not match its sha256 in manifest.json (damaged or changed)")

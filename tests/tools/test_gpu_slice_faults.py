@@ -199,3 +199,13 @@ def test_the_slice_reuses_only_its_own_work_folder(gs, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(gs.Refused, match="is not a folder"):
         gs.prepare_work(tmp_path / "file")
+
+
+def test_a_manifest_listing_a_path_as_a_file_is_refused(gs, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    out = make_output(gs, tmp_path / "a", steps=100)
+    man = json.loads((out / "manifest.json").read_text())
+    man["files"]["../../etc/passwd"] = {"sha256": "0" * 64, "bytes": 1}
+    (out / "manifest.json").write_text(json.dumps(man))
+    assert unpack(gs, out, repo) == 2
+    assert "not a file name of a slice output" in capsys.readouterr().err and not repo.exists()

@@ -240,6 +240,56 @@ def _two_groups(
     return [g for g in groups if g["params"]]
 
 
+# Per method, what the factory passes on besides lr, betas, eps and weight decay: the options of the
+# projected group (in upstream's key order) and those of the optimizer class (fixed ones as values).
+_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] = {
+    "galore": (("rank", "update_proj_gap", "scale", "proj_type"), (), {"no_deprecation_warning": True}),
+    "fira": (("rank", "update_proj_gap", "alpha", "proj_type"), (), {"no_deprecation_warning": True}),
+    "apollo": (
+        ("rank", "proj", "scale_type", "update_proj_gap", "scale", "proj_type"),
+        ("scale_front", "disable_nl"),
+        {},
+    ),
+}
+
+
+def _official(
+    method: str,
+    adam_params: Iterable[torch.nn.Parameter],
+    method_params: Iterable[torch.nn.Parameter],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    adam_lr: float | None,
+    **options: Any,
+) -> torch.optim.Optimizer:
+    """The factories' one body: check the settings, build the two groups, construct upstream's class.
+
+    Args:
+        method: ``"galore"``, ``"fira"`` or ``"apollo"`` (a key of :data:`_OPTIONS`).
+        adam_params: Parameters of the plain (AdamW) group.
+        method_params: 2-D weights that get the projected update.
+        lr: Base learning rate of both groups.
+        betas: AdamW betas.
+        eps: AdamW ε.
+        weight_decay: Decoupled weight decay.
+        adam_lr: Own learning rate for the plain group (``None``: ``lr``).
+        **options: The method's own options (``rank``, ``update_proj_gap``, ...; see :data:`_OPTIONS`).
+
+    Returns:
+        The optimizer.
+    """
+    group_keys, class_keys, fixed = _OPTIONS[method]
+    cls = official_class(method)
+    adam_params, method_params = list(adam_params), list(method_params)
+    rank, gap = options["rank"], options["update_proj_gap"]
+    _check_options(method, adam_params + method_params, lr, betas, eps, weight_decay, rank, gap, adam_lr)
+    groups = _two_groups(adam_params, method_params, adam_lr, **{key: options[key] for key in group_keys})
+    class_options = {**{key: options[key] for key in class_keys}, **fixed}
+    return cls(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **class_options)
+
+
 def galore(
     adam_params: Iterable[torch.nn.Parameter],
     method_params: Iterable[torch.nn.Parameter],
@@ -297,23 +347,7 @@ def galore(
         >>> opt.state[model[0].weight]["step"]
         3
     """
-    cls = official_class("galore")
-    adam_params, method_params = list(adam_params), list(method_params)
-    _check_options(
-        "galore", adam_params + method_params, lr, betas, eps, weight_decay, rank, update_proj_gap, adam_lr
-    )
-    groups = _two_groups(
-        adam_params,
-        method_params,
-        adam_lr,
-        rank=rank,
-        update_proj_gap=update_proj_gap,
-        scale=scale,
-        proj_type=proj_type,
-    )
-    return cls(
-        groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_deprecation_warning=True
-    )
+    return _official("galore", **locals())
 
 
 def fira(
@@ -355,41 +389,27 @@ def fira(
         TypeError: If a parameter is complex (or not floating point).
 
     Example:
-        The projected update on the hidden matrix, upstream's AdamW on the rest (the module
-        docstring lists where upstream differs from ``torch.optim``: the closure, ``weights_only``):
+        Stepped with a closure: upstream calls it under ``torch.no_grad()``, so the closure
+        re-enables gradients itself (the module docstring lists where upstream differs from
+        ``torch.optim``):
 
         >>> import torch
         >>> from curvopt.optim import fira
         >>> _ = torch.manual_seed(0)
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
-        >>> others = [model[0].bias, *model[2].parameters()]
-        >>> opt = fira(others, [model[0].weight], lr=0.01, rank=2, update_proj_gap=2)
+        >>> opt = fira([model[0].bias, *model[2].parameters()], [model[0].weight], lr=0.01, rank=2)
         >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
-        >>> for _ in range(3):
-        ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
+        >>> def closure():
+        ...     with torch.enable_grad():
+        ...         opt.zero_grad()
+        ...         loss = torch.nn.functional.mse_loss(model(x), y)
+        ...         loss.backward()
+        ...     return loss
+        >>> losses = [float(opt.step(closure)) for _ in range(3)]
         >>> opt.state[model[0].weight]["step"]
         3
     """
-    cls = official_class("fira")
-    adam_params, method_params = list(adam_params), list(method_params)
-    _check_options(
-        "fira", adam_params + method_params, lr, betas, eps, weight_decay, rank, update_proj_gap, adam_lr
-    )
-    groups = _two_groups(
-        adam_params,
-        method_params,
-        adam_lr,
-        rank=rank,
-        update_proj_gap=update_proj_gap,
-        alpha=alpha,
-        proj_type=proj_type,
-    )
-    return cls(
-        groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_deprecation_warning=True
-    )
+    return _official("fira", **locals())
 
 
 def apollo(
@@ -442,49 +462,23 @@ def apollo(
         TypeError: If a parameter is complex (or not floating point).
 
     Example:
-        The projected update on the hidden matrix, upstream's AdamW on the rest (the module
-        docstring lists where upstream differs from ``torch.optim``: the closure, ``weights_only``):
+        APOLLO-Mini (rank 1, one scale for the whole tensor) on the hidden matrix, upstream's
+        AdamW on the rest:
 
         >>> import torch
         >>> from curvopt.optim import apollo
-        >>> _ = torch.manual_seed(0)
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
-        >>> others = [model[0].bias, *model[2].parameters()]
-        >>> opt = apollo(others, [model[0].weight], lr=0.01, rank=2, update_proj_gap=2)
         >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        >>> mini = {"rank": 1, "scale_type": "tensor", "scale": 128.0}
+        >>> opt = apollo([model[0].bias, *model[2].parameters()], [model[0].weight], lr=0.01, **mini)
         >>> for _ in range(3):
         ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
+        ...     torch.nn.functional.mse_loss(model(x), y).backward()
         ...     opt.step()
         >>> opt.state[model[0].weight]["step"]
         3
     """
-    cls = official_class("apollo")
-    adam_params, method_params = list(adam_params), list(method_params)
-    _check_options(
-        "apollo", adam_params + method_params, lr, betas, eps, weight_decay, rank, update_proj_gap, adam_lr
-    )
-    groups = _two_groups(
-        adam_params,
-        method_params,
-        adam_lr,
-        rank=rank,
-        proj=proj,
-        scale_type=scale_type,
-        update_proj_gap=update_proj_gap,
-        scale=scale,
-        proj_type=proj_type,
-    )
-    return cls(
-        groups,
-        lr=lr,
-        betas=tuple(betas),
-        eps=eps,
-        weight_decay=weight_decay,
-        scale_front=scale_front,
-        disable_nl=disable_nl,
-    )
+    return _official("apollo", **locals())
 
 
 def projected_state_numel(shape: tuple[int, int], rank: int, **_: Any) -> dict[str, int]:

@@ -206,13 +206,16 @@ def build_fosi(
             set ``ese_batch_mode`` (use ``ese_batch``).
 
     Example:
+        FOSI-Adam driven as the loop drives it, ``step(batch)``; the fixed ESE batch is drawn
+        from ``data.train``:
+
         >>> import torch
         >>> from curvopt.api import DataBundle
         >>> from curvopt.objective import Objective
         >>> from curvopt.optim import build_fosi
         >>> _ = torch.manual_seed(0)
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         >>> alg = build_fosi(Objective(model, "cross_entropy"), DataBundle(train=(x, y)), base="adam",
         ...                  lr=1e-2, k=2, ese_period=2, ese_batch_size=32)
         >>> for i in range(4):

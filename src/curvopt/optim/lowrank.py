@@ -341,8 +341,7 @@ def galore(
         >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
         >>> for _ in range(3):
         ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
+        ...     torch.nn.functional.mse_loss(model(x), y).backward()
         ...     opt.step()
         >>> opt.state[model[0].weight]["step"]
         3

@@ -59,22 +59,24 @@ def fosi_heavy_ball(
         ValueError: As :class:`FOSI` and ``torch.optim.SGD`` (a negative or non-finite lr, ...).
 
     Example:
-        A classifier (``loss_fn(model(x), y)``); the ESE runs before step ``ese_period``:
+        A classifier (``loss_fn(model(x), y)``) under a step lr schedule, which scales the base
+        step and the Newton part alike; the ESE runs before step ``ese_period``:
 
         >>> import torch
         >>> from curvopt.optim import fosi_heavy_ball
         >>> _ = torch.manual_seed(0)
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         >>> loss_fn = torch.nn.functional.cross_entropy
         >>> opt = fosi_heavy_ball(model.parameters(), loss_fn, (x, y), lr=0.1, model=model, k=2, ese_period=2)
+        >>> schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
         >>> for _ in range(4):
         ...     opt.zero_grad()
-        ...     loss = loss_fn(model(x), y)
-        ...     loss.backward()
+        ...     loss_fn(model(x), y).backward()
         ...     opt.step()
-        >>> opt.ese_count
-        1
+        ...     schedule.step()
+        >>> opt.ese_count, opt.param_groups[0]["lr"]
+        (1, 0.025)
     """
     return _ready_made(
         "fosi_heavy_ball", torch.optim.SGD, params, loss_fn, ese_batch, kwargs, lr=lr, momentum=momentum
@@ -115,8 +117,8 @@ def fosi_adam(
         >>> import torch
         >>> from curvopt.optim import fosi_adam
         >>> _ = torch.manual_seed(0)
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         >>> loss_fn = torch.nn.functional.cross_entropy
         >>> opt = fosi_adam(model.parameters(), loss_fn, (x, y), lr=1e-2, model=model, k=2, ese_period=2)
         >>> def closure():
@@ -214,15 +216,14 @@ def make_base_optimizer(
         >>> import torch
         >>> from curvopt.optim import make_base_optimizer
         >>> model = torch.nn.Linear(4, 2)
-        >>> opt = make_base_optimizer("heavy_ball", model.parameters(), lr=0.1)
         >>> x, y = torch.randn(8, 4), torch.randn(8, 2)
+        >>> opt = make_base_optimizer("heavy_ball", model.parameters(), lr=0.1)
         >>> for _ in range(2):
         ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
+        ...     torch.nn.functional.mse_loss(model(x), y).backward()
         ...     opt.step()
-        >>> type(opt).__name__
-        'SGD'
+        >>> type(opt).__name__, opt.param_groups[0]["momentum"]
+        ('SGD', 0.9)
     """
     if name == "heavy_ball":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -247,6 +247,7 @@ class MatrixOptimizer(torch.optim.Optimizer):
         Args:
             state_dict: A dict returned by :meth:`state_dict`.
         """
+        self._check_loaded_groups(state_dict)
         saved = {
             pid: {k: v for k, v in st.items() if isinstance(v, Tensor)}
             for pid, st in state_dict["state"].items()
@@ -261,6 +262,52 @@ class MatrixOptimizer(torch.optim.Optimizer):
             for key, value in saved[pid].items():
                 if isinstance(st.get(key), Tensor) and st[key].dtype != value.dtype:
                     st[key] = value.to(device=p.device, copy=True)  # the saved values, not a round trip
+
+    def _check_loaded_groups(self, state_dict: dict[str, Any]) -> None:
+        """Refuse a state dict whose groups do not fit this optimizer's, before anything is loaded.
+
+        ``torch.optim`` matches saved groups to the optimizer's by position and checks only their
+        sizes: an optimizer built with its groups in another order would give one group's state to
+        another's parameters (a matrix's ``s``/``q`` to a bias). Here each saved group must have the
+        same ``adam`` flag, and each saved state tensor the size its parameter needs.
+
+        Raises:
+            ValueError: Naming the group (or parameter) that does not fit.
+        """
+        name = type(self).__name__
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups):
+            return  # torch.optim's own check names this
+        order = 0
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if "adam" in saved and bool(saved["adam"]) != bool(group["adam"]):
+                raise ValueError(
+                    f"{name}: parameter group #{i} was saved with adam={saved['adam']} but is adam={group['adam']} "
+                    "here; the state dict's groups are in another order than this optimizer's (torch.optim "
+                    "matches groups by position): build the optimizer with its groups in the saved order"
+                )
+            for pid, p in zip(saved.get("params", []), group["params"]):
+                st = state_dict.get("state", {}).get(pid, {})
+                expected = self._state_sizes(p, group)
+                for key, numel in expected.items():
+                    value = st.get(key)
+                    if isinstance(value, Tensor) and value.numel() != numel:
+                        raise ValueError(
+                            f"{name}: the saved {key!r} of parameter #{order} (group #{i}) has {value.numel()} "
+                            f"elements where its parameter of shape {tuple(p.shape)} needs {numel}; the state "
+                            "dict's groups or parameters are in another order than this optimizer's"
+                        )
+                order += 1
+
+    def _state_sizes(self, p: Tensor, group: dict[str, Any]) -> dict[str, int]:
+        """Elements of each state tensor of ``p`` (the Adam moments, or the method's :meth:`state_numel`)."""
+        if group["adam"]:
+            return {"exp_avg": p.numel(), "exp_avg_sq": p.numel()}
+        numel = getattr(self, "state_numel", None)
+        if numel is None or p.dim() != 2:
+            return {}
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        return numel(tuple(p.shape), **hyper)
 
     def _state_dtype(self, p: Tensor, group: dict[str, Any]) -> torch.dtype:
         """Dtype of the stored state: the parameter's (the paper keeps BF16 states) or ``state_dtype``."""

@@ -8,11 +8,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "src" / "curvopt"
 # (importer package, forbidden target): optimizers take parameters and closures, not models; models
-# do not read data; the library never imports the paper drivers
+# do not read data, nor data models (weights are resolved where models are built); the library never
+# imports the paper drivers
 FORBIDDEN = [
     ("curvopt", "experiments"),
     ("curvopt.optim", "curvopt.models"),
     ("curvopt.models", "curvopt.data"),
+    ("curvopt.data", "curvopt.models"),
     ("curvopt.curvature", "curvopt.models"),
     ("curvopt.curvature", "curvopt.data"),
 ]

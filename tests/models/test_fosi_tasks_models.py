@@ -150,9 +150,12 @@ def test_missing_resnet_weights_stop_before_training(tmp_path):
     model = resnet18_head(weights=str(tmp_path / "nowhere"))
     with pytest.raises(DataNotFoundError, match="resnet18-f37072fd.pth"):
         model(torch.zeros(1, 3, 32, 32))
-    from curvopt.data.cifar10 import load_cifar10
+    from curvopt.api import DataBundle
+    from curvopt.training.build import check_model_fits_data
 
+    # the loop's model check, one forward before the first step, stops the run with the how-to
+    images, labels = torch.zeros(2, 3, 32, 32, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
     with pytest.raises(DataNotFoundError, match="download.pytorch.org"):
-        load_cifar10(
-            str(tmp_path), "classification", backbone_weights=str(tmp_path / "nowhere"), allow_download=False
+        check_model_fits_data(
+            Objective(model, "cross_entropy"), DataBundle(train=(images, labels)), "resnet18_head", "cifar10"
         )

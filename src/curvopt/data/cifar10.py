@@ -24,7 +24,8 @@ Two task layouts, because the two papers' pipelines differ:
 * ``task='classification'`` (TL): images kept as **uint8** NCHW (a quarter of the memory; the
   model converts, resizes to 128 px and keeps the authors' [0, 255] scale), class-index labels,
   the full 50k as ``train`` and the official 10k test set as ``val`` (the authors validate on the
-  test split), ``test=None``.
+  test split), ``test=None``. The ResNet-18 weights are the model's business
+  (:mod:`curvopt.models.resnet_head`), not this loader's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from curvopt.data.common import (
     offline_note,
 )
 from curvopt.errors import CorruptDataError, DataNotFoundError
-from curvopt.models.pretrained import resolve_weights
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,6 @@ def load_cifar10(
     cache_dir: str | None = None,
     allow_download: bool = True,
     verify: bool = False,
-    backbone_weights: str | None = None,
     name: str = "cifar10",
 ) -> DataBundle:
     """CIFAR-10 as a :class:`DataBundle` for the FOSI AE / TL tasks (see the module docstring).
@@ -396,13 +395,8 @@ def load_cifar10(
             ``None``: all.
         split_seed: Seed of the AE's 45k/5k split (42: the authors').
         cache_dir: The ``.npy`` cache folder (see :func:`read_cifar10`).
-        allow_download: Allow the HF ``datasets`` fallback (and, with ``backbone_weights``, the
-            weights download).
+        allow_download: Allow the HF ``datasets`` fallback.
         verify: Check the md5 of the arrays (see :func:`read_cifar10`).
-        backbone_weights: TL: the pretrained ResNet-18 state dict the model will load (a file or
-            a folder holding it). It is checked here, because the loop builds the data first, so
-            a missing file stops the run before anything else with what to download and where to
-            put it. ``None``: no check.
         name: The dataset name recorded in ``meta``.
 
     Returns:
@@ -410,11 +404,9 @@ def load_cifar10(
 
     Raises:
         ValueError: ``task`` is unknown.
-        DataNotFoundError: The images (or the backbone weights) cannot be found.
+        DataNotFoundError: The images cannot be found.
         CorruptDataError: The images found are damaged (see :func:`read_cifar10`).
     """
-    if backbone_weights is not None:
-        resolve_weights(backbone_weights, allow_download=allow_download)
     x_tr, y_tr, source = read_cifar10(data_dir, "train", cache_dir, allow_download, verify)
     x_te, y_te, _ = read_cifar10(data_dir, "test", cache_dir, allow_download, verify)
     meta = {"name": name, "synthetic": False, "source": source, "task": task}

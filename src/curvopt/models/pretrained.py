@@ -1,8 +1,8 @@
 """Where the ImageNet-pretrained ResNet-18 weights of FOSI's transfer-learning (TL) task are found.
 
-The model (:mod:`curvopt.models.resnet_head`) loads the file; the CIFAR-10 loader checks that it
-exists before training (the loop builds the data first, so a missing file stops the run before
-anything else is built). The lookup belongs to the model, whose weights these are; it raises
+The model (:mod:`curvopt.models.resnet_head`) looks the file up when it is built and loads it; a
+missing file stops the run before training (the loop's one forward through the model, before its
+first step, raises it). The lookup belongs to the model, whose weights these are; it raises
 :class:`curvopt.errors.DataNotFoundError` like every missing input.
 
 Weights are looked up, in order: the configured path (a file, or a folder holding it); torch's hub
@@ -26,7 +26,7 @@ WEIGHTS_FILE = "resnet18-f37072fd.pth"
 WEIGHTS_URL = f"https://download.pytorch.org/models/{WEIGHTS_FILE}"
 HOW_TO_GET = (
     f"download {WEIGHTS_URL} (torchvision's ResNet18_Weights.IMAGENET1K_V1) and put it at "
-    f"<data_dir>/resnet18/{WEIGHTS_FILE} (or set model.weights / dataset.backbone_weights to its path), "
+    f"<data_dir>/resnet18/{WEIGHTS_FILE} (or set model.weights to its path), "
     "or into torch's hub cache (~/.cache/torch/hub/checkpoints/), e.g. by running once online "
     "`python -c \"import torch; torch.hub.load_state_dict_from_url('" + WEIGHTS_URL + "')\"`."
 )

@@ -10,8 +10,8 @@ state dict ``resnet18-f37072fd.pth`` loads without torchvision (which is optiona
 imports it). Weights are looked up, in order: the configured path (a file, or a folder holding
 it); torch's hub cache (``$TORCH_HOME/hub/checkpoints``), where torchvision stores them; a download
 through ``torch.hub`` when ``allow_download`` and online (:func:`curvopt.models.pretrained.resolve_weights`).
-Missing weights stop the run before training (the dataset loader checks first) with what to
-download and where to put it.
+Missing weights stop the run before training (the loop's one forward through the model, before
+its first step, raises them) with what to download and where to put it.
 
 BatchNorm (docs/decisions.md FOSI-L). Default ``backbone_bn='train'`` is the authors' behaviour:
 in training the frozen backbone normalises with batch statistics and updates its running averages
@@ -160,8 +160,8 @@ class ResNetHead(nn.Module):
             try:
                 path = resolve_weights(weights, allow_download)
             except DataNotFoundError as err:
-                # Keep building (config checks instantiate every model); the dataset loader raises
-                # the same error before training, and forward() refuses to run without weights.
+                # Keep building (config checks instantiate every model); forward() refuses to run
+                # without weights, so the loop's model check stops the run before training.
                 self.missing_weights = str(err)
             else:
                 state = torch.load(path, map_location="cpu", weights_only=True)

@@ -358,3 +358,26 @@ def test_kfac_keeps_adaptive_and_an_uncapped_max_damping():
     assert kfac.lr == "adaptive" and kfac.max_damping == INF
     with pytest.raises(ValueError, match="K-FAC: lr must be 'adaptive' or a finite number > 0, got 'auto'"):
         _build_algorithm("KFAC", lr="auto")
+
+
+def test_a_device_tensor_lr_is_not_read_inside_step():
+    """On fake CUDA tensors (any host read raises) a tensor lr builds and steps without a read.
+
+    A real accelerator tensor is read once, at construction (checks.as_number); a fake one has no
+    value and is checked for its shape only.
+    """
+    from curvopt.profiling import fake_cuda
+
+    with fake_cuda():
+        w = nn.Parameter(torch.randn(6, 9, device="cuda"))
+        b = nn.Parameter(torch.randn(9, device="cuda"))
+        lr = torch.tensor(0.02, device="cuda")
+        opt = RACS([{"params": [w]}, {"params": [b], "adam": True}], lr=lr, check_finite="deferred")
+        for _ in range(2):
+            w.grad, b.grad = torch.randn_like(w), torch.randn_like(b)
+            opt.step()
+        assert isinstance(opt.nonfinite_pending, torch.Tensor)
+        with pytest.raises(
+            ValueError, match=r"lr must be a finite number >= 0, got a tensor of shape \(2,\)"
+        ):
+            RACS([w], lr=torch.ones(2, device="cuda"))

@@ -177,3 +177,24 @@ def test_a_half_written_runs_jsonl_stops_train_py_with_its_name(tmp_path):
     with pytest.raises(BadInputError, match=r"runs.jsonl is not a valid pack"):
         _run(tmp_path, ["optimizer=adam", "run_id=a", "trainer.max_steps=6", "trainer.resume=true"])
     assert runs.read_text() == cut  # left as it is
+
+
+def test_a_portable_data_dir_in_the_saved_config_is_the_same_folder(tmp_path):
+    """config.yaml saves dataset.data_dir as $CURVOPT_DATA_DIR; a resume whose config names that
+    folder by its absolute path changes nothing, another folder is a change."""
+    from omegaconf import OmegaConf
+
+    from curvopt.errors import ConfigError
+    from curvopt.training.rundir import resume_config
+
+    data = tmp_path / "data"
+    data.mkdir()
+    saved = {"paths": {"data_dir": "$CURVOPT_DATA_DIR"}, "dataset": {"data_dir": "$CURVOPT_DATA_DIR/mnist"}}
+    fresh = OmegaConf.create({"paths": {"data_dir": str(data)}, "dataset": {"data_dir": str(data / "mnist")}})
+    plan = resume_config(saved, fresh)
+    assert OmegaConf.select(plan.config, "dataset.data_dir") == str(data / "mnist")
+    other = OmegaConf.create(
+        {"paths": {"data_dir": str(data)}, "dataset": {"data_dir": str(tmp_path / "elsewhere")}}
+    )
+    with pytest.raises(ConfigError, match="dataset.data_dir"):
+        resume_config(saved, other)

@@ -51,8 +51,10 @@ from curvopt.training.checkpoint import (
 from curvopt.training.records import (
     METRICS_NAME,
     PARKED_METRICS_NAME,
+    PATH_KEYS,
     has_metrics,
     packed_run_ids,
+    path_roots,
     portable_paths,
     read_metrics,
 )
@@ -426,6 +428,13 @@ class ResumePlan:
     optimizer_changes: list[str] = field(default_factory=list)  # differ from the checkpoint's config
 
 
+def _same_folder(key: str, old: Any, new: Any, roots: list[tuple[str, str]]) -> bool:
+    """Whether a folder key's saved (portable) value names the folder ``new`` names on this machine."""
+    if key.rsplit(".", 1)[-1] not in PATH_KEYS or not (isinstance(old, str) and isinstance(new, str)):
+        return False
+    return portable_paths(new, roots) == old
+
+
 def resume_config(
     saved: DictConfig | dict,
     fresh: DictConfig,
@@ -462,6 +471,8 @@ def resume_config(
     assert isinstance(saved_c, dict) and isinstance(raw, dict) and isinstance(resolved, dict)
     s_flat, f_flat, r_flat = _flatten(saved_c), _flatten(resolved), _flatten(raw)
     explicit = cli.explicit_keys if cli is not None else None
+    paths_cfg = resolved.get("paths")
+    fresh_roots = path_roots(paths_cfg.get("data_dir") if isinstance(paths_cfg, dict) else None)
     chosen = (cli.chosen_groups - set(ENVIRONMENT_GROUPS)) if cli is not None else set()
 
     updates: dict[str, Any] = {}
@@ -492,6 +503,11 @@ def resume_config(
                 updates[key] = new
             continue
         if new is _ABSENT or old == new:
+            continue
+        if _same_folder(key, old, new, fresh_roots):
+            # config.yaml saves folders portably ($CURVOPT_DATA_DIR/..., relative to the repository);
+            # the folder this machine names for the same place is no change
+            updates[key] = r_flat.get(key, new)
             continue
         if old is _ABSENT:  # a key added to the configs since the run was saved
             updates[key] = r_flat.get(key, new)

@@ -136,23 +136,5 @@ class CharLSTM(nn.Module):
         return self.fc2(torch.relu(self.fc1(h2)))
 
 
-def char_lstm(
-    vocab_size: int = 128,
-    hidden_size: int = 256,
-    mlp_hidden: int = 256,
-    forget_bias: float = 1.0,
-    input_lookup: bool = True,
-) -> CharLSTM:
-    """Hydra builder (``conf/model/fosi_char_lstm.yaml``).
-
-    Args:
-        vocab_size: As in :class:`CharLSTM`.
-        hidden_size: As in :class:`CharLSTM`.
-        mlp_hidden: As in :class:`CharLSTM`.
-        forget_bias: As in :class:`CharLSTM`.
-        input_lookup: As in :class:`CharLSTM`.
-
-    Returns:
-        The model.
-    """
-    return CharLSTM(vocab_size, hidden_size, mlp_hidden, forget_bias, input_lookup)
+# The Hydra target of conf/model/fosi_char_lstm.yaml and of the records that name it: the class itself.
+char_lstm = CharLSTM

@@ -115,18 +115,5 @@ class ConvAutoencoder(nn.Module):
         return self.decoder(h)
 
 
-def conv_autoencoder(
-    c_hid: int = 32, latent_dim: int = 128, in_channels: int = 3, init: str = "flax"
-) -> ConvAutoencoder:
-    """Hydra builder (``conf/model/fosi_conv_ae.yaml``).
-
-    Args:
-        c_hid: As in :class:`ConvAutoencoder`.
-        latent_dim: As in :class:`ConvAutoencoder`.
-        in_channels: As in :class:`ConvAutoencoder`.
-        init: As in :class:`ConvAutoencoder`.
-
-    Returns:
-        The model.
-    """
-    return ConvAutoencoder(c_hid, latent_dim, in_channels, init)
+# The Hydra target of conf/model/fosi_conv_ae.yaml and of the records that name it: the class itself.
+conv_autoencoder = ConvAutoencoder

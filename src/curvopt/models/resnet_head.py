@@ -211,27 +211,5 @@ class ResNetHead(nn.Module):
         return self.head(features)
 
 
-def resnet18_head(
-    num_classes: int = 10,
-    weights: str | None = None,
-    image_size: int = 128,
-    backbone_bn: str = "train",
-    input_scale: float = 1.0,
-    allow_download: bool = False,
-) -> ResNetHead:
-    """Hydra builder of :class:`ResNetHead` (``conf/model/fosi_resnet18_head.yaml``).
-
-    Args:
-        num_classes: Number of classes.
-        weights: The backbone's state dict (file or folder); ``None`` gives a randomly
-            initialised backbone (tests only); a path that does not resolve defers the error to
-            the run.
-        image_size: Side the inputs are resized to.
-        backbone_bn: ``train`` or ``eval`` BatchNorm in the backbone.
-        input_scale: Factor applied to the inputs.
-        allow_download: Let the weights lookup download them.
-
-    Returns:
-        The model (see :class:`ResNetHead` for the arguments' details).
-    """
-    return ResNetHead(num_classes, weights, image_size, backbone_bn, input_scale, allow_download)
+# The Hydra target of conf/model/fosi_resnet18_head.yaml and of the records that name it: the class itself.
+resnet18_head = ResNetHead

@@ -18,6 +18,7 @@ width. ``input_layout='faithful'`` (default) reproduces that with ``x.permute(0,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +122,7 @@ class MobileNetV1(nn.Module):
         in_channels: Input channels of the stem; default 64 for ``"faithful"`` (mel bands read
             as channels), 3 for ``"natural"``.
         input_layout: ``"faithful"`` (the authors' NCHW-read-as-NHWC input) or ``"natural"``.
-        channels: Output channels of the depthwise-separable blocks.
+        channels: Output channels of the depthwise-separable blocks (a tuple, or a list from a config).
         strides: Strides of the blocks (same length as ``channels``).
 
     Raises:
@@ -133,8 +134,8 @@ class MobileNetV1(nn.Module):
         num_classes: int = 527,
         in_channels: int | None = None,
         input_layout: str = "faithful",
-        channels: tuple[int, ...] = CHANNELS,
-        strides: tuple[int, ...] = STRIDES,
+        channels: Sequence[int] = CHANNELS,
+        strides: Sequence[int] = STRIDES,
     ) -> None:
         super().__init__()
         if input_layout not in ("faithful", "natural"):
@@ -171,23 +172,5 @@ class MobileNetV1(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-def mobilenet_v1(
-    num_classes: int = 527,
-    in_channels: int | None = None,
-    input_layout: str = "faithful",
-    channels: tuple[int, ...] = CHANNELS,
-    strides: tuple[int, ...] = STRIDES,
-) -> MobileNetV1:
-    """Hydra builder (``conf/model/fosi_mobilenet.yaml``).
-
-    Args:
-        num_classes: As in :class:`MobileNetV1`.
-        in_channels: As in :class:`MobileNetV1`.
-        input_layout: As in :class:`MobileNetV1`.
-        channels: As in :class:`MobileNetV1` (lists from configs become tuples).
-        strides: As in :class:`MobileNetV1`.
-
-    Returns:
-        The model.
-    """
-    return MobileNetV1(num_classes, in_channels, input_layout, tuple(channels), tuple(strides))
+# The Hydra target of conf/model/fosi_mobilenet.yaml and of the records that name it: the class itself.
+mobilenet_v1 = MobileNetV1

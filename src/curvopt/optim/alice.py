@@ -52,18 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvopt.optim.checks import (
-    FLAG,
-    NONNEG,
-    POSITIVE,
-    UNIT,
-    Range,
-    at_least,
-    check_hparams,
-    count,
-    one_of,
-    tuple_of,
-)
+from curvopt.optim import checks
 from curvopt.optim.racs import (
     MatrixOptimizer,
     bank_slice,
@@ -336,26 +325,21 @@ class Alice(MatrixOptimizer):
 
     method_name = "alice"
 
-    RANGES: dict[str, Range] = {
-        "alpha": NONNEG,
-        "alpha_c": NONNEG,
-        "betas": tuple_of(3, UNIT),
-        "rank": count(1),
-        "leading": count(0),
-        "update_interval": count(1),
-        "gamma": at_least(1.0),
-        "eps": POSITIVE,
-        "bias_correction": FLAG,
-        "switch": one_of(*SWITCH_MODES),
-        "compensation": one_of(*COMPENSATION_MODES),
-        "reproject_qtilde": FLAG,
-        "moments_on_switch": one_of("keep", "reset"),
-        "init": one_of("evd"),
-        "project_side": one_of("smaller", "rows"),
-        "subspace_steps": count(1),
-        "fused_compensation": FLAG,
-        "seed": count(0),
-        "clamp_rank": FLAG,
+    RANGES: dict[str, checks.Range] = {
+        **dict.fromkeys(("alpha", "alpha_c"), checks.NONNEG),
+        "betas": checks.tuple_of(3, checks.UNIT),
+        **dict.fromkeys(("rank", "update_interval", "subspace_steps"), checks.count(1)),
+        **dict.fromkeys(("leading", "seed"), checks.count(0)),
+        "gamma": checks.at_least(1.0),
+        "eps": checks.POSITIVE,
+        "switch": checks.one_of(*SWITCH_MODES),
+        "compensation": checks.one_of(*COMPENSATION_MODES),
+        "moments_on_switch": checks.one_of("keep", "reset"),
+        "init": checks.one_of("evd"),
+        "project_side": checks.one_of("smaller", "rows"),
+        **dict.fromkeys(
+            ("bias_correction", "reproject_qtilde", "fused_compensation", "clamp_rank"), checks.FLAG
+        ),
     }
 
     def __init__(
@@ -441,7 +425,7 @@ class Alice(MatrixOptimizer):
     def _validate_group(self, group: dict[str, Any]) -> None:
         from curvopt.optim.racs import as_dtype
 
-        check_hparams("Alice", self.RANGES, group)
+        checks.check_hparams("Alice", self.RANGES, group)
         if int(group["leading"]) > int(group["rank"]):
             raise ValueError(
                 f"leading={group['leading']} exceeds rank={group['rank']}: the leading directions kept at a "

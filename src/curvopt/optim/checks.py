@@ -214,20 +214,34 @@ FLAG = Range("bool")
 INTEGER = Range("int")
 
 
-def check_hparams(owner: str, ranges: Mapping[str, Range], values: Mapping[str, Any]) -> None:
+def check_hparams(
+    owner: str,
+    ranges: Mapping[str, Range],
+    values: Mapping[str, Any],
+    ordered: Iterable[tuple[str, str]] = (),
+) -> None:
     """Check every value of ``values`` that ``ranges`` declares (others are not looked at).
 
     Args:
         owner: The optimizer's name, for the message.
         ranges: ``name → Range``, declared once per optimizer.
         values: The arguments, or a parameter group.
+        ordered: Pairs ``(low, high)`` of names whose values must satisfy ``low <= high``
+            (thresholds, bounds), checked after the ranges.
 
     Raises:
-        ValueError: The first value out of its range, in ``ranges``' order.
+        ValueError: The first value out of its range, in ``ranges``' order, then the first pair out
+            of order.
     """
     for name, rng in ranges.items():
         if name in values:
             rng.check(owner, name, values[name])
+    for low, high in ordered:
+        a, b = as_number(values[low]), as_number(values[high])
+        if isinstance(a, float) and isinstance(b, float) and a > b:
+            raise ValueError(
+                f"{owner}: {low} must be <= {high}, got {low}={_shown(values[low])} > {_shown(values[high])}"
+            )
 
 
 #: The step settings the Gauss-Newton Algorithms FGN and SGN share, declared once (each adds its own).
@@ -263,20 +277,6 @@ def check_gn_step(
             raise TypeError(
                 f"{owner} supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
             )
-
-
-def check_finite_nonneg(owner: str, name: str, value: Any) -> None:
-    """Check a hyperparameter is a finite number >= 0 (NaN, inf, negatives and bools are refused).
-
-    Args:
-        owner: Optimizer name for the message.
-        name: Hyperparameter name for the message.
-        value: The value to check (a number or a 0-d tensor).
-
-    Raises:
-        ValueError: If the check fails.
-    """
-    NONNEG.check(owner, name, value)
 
 
 # ---------------------------------------------------------------------------- the parameters

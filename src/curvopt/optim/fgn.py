@@ -183,7 +183,102 @@ FGN_RANGES: dict[str, Range] = {
 }
 
 
-class FGN(AlgorithmBase):
+class GaussNewtonChecks:
+    """The checks FGN and SGN share, as a mixin of both Algorithms (one place, not two).
+
+    Their common arguments (:data:`~curvopt.optim.checks.GN_STEP_RANGES`, :meth:`_init_step`), and
+    their batch checks (finite logits, labels in ``[0, C)``), eager or deferred, with the deferred
+    error raised at the one read of a step's logged scalars (:meth:`read_stats`) or by
+    :meth:`raise_if_nonfinite`.
+
+    Subclasses name themselves in :attr:`log_name` and say from the read scalars whether CG broke
+    down (:meth:`_cg_breakdown`).
+    """
+
+    log_name = "FGN"
+
+    def _init_step(self, objective: Objective, values: dict[str, Any], own: dict[str, Range]) -> torch.device:
+        """Check and keep the settings FGN and SGN share (``values``: the constructor's arguments).
+
+        Returns:
+            The parameters' device.
+
+        Raises:
+            ValueError: If the loss is not cross-entropy or a setting is out of range.
+            TypeError: If a trainable parameter is complex (or not floating point).
+        """
+        if objective.loss_kind != "cross_entropy":
+            raise ValueError(
+                f"{self.log_name} is defined for softmax cross-entropy; the objective's loss is "
+                f"{objective.loss_kind!r}"
+            )
+        check_gn_step(self.log_name, objective.model, values, own)
+        self.objective = objective
+        self.lr = float(values["lr"])
+        self.damping = float(values["damping"])
+        self.cg_tol = float(values["cg_tol"])
+        self.cg_maxiter = int(values["cg_maxiter"])
+        device = next(objective.model.parameters()).device
+        early = values["cg_early_exit"]
+        self.cg_early_exit = device.type == "cpu" if early == "auto" else early
+        self.check_finite = resolve_check_finite(values["check_finite"], device)
+        self.host_stats = bool(values["host_stats"])
+        return device
+
+    def _defer_checks(self, flags: Tensor | None, num_classes: int) -> None:
+        """Keep a deferred step's check flags (the first failure since the last read) for later."""
+        if flags is not None:
+            self._pending = (keep_first_failure(getattr(self, "_pending", (None,))[0], flags), num_classes)
+
+    def raise_if_nonfinite(self) -> None:
+        """Read the deferred checks of the steps since the last call (one host read) and raise.
+
+        Only ``check_finite="deferred"`` with ``host_stats=False`` leaves checks pending (with
+        ``host_stats=True`` each step raises its own error); a refused step changed nothing.
+
+        Raises:
+            ValueError: If a batch had labels outside ``[0, C)``.
+            FloatingPointError: If a batch's logits were not finite.
+        """
+        pending = self.__dict__.pop("_pending", None)
+        if pending is not None:
+            raise_batch_errors(pending[0].tolist(), pending[1])
+
+    def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.
+
+        Args:
+            stats: What :meth:`step` returned with ``host_stats=False``.
+
+        Returns:
+            The logged scalars as Python numbers (what ``host_stats=True`` returns).
+
+        Raises:
+            ValueError: If the step's batch had labels outside ``[0, C)`` (it made no update).
+            FloatingPointError: If the step's logits were not finite (it made no update).
+        """
+        flags, num_classes, step = stats["_checks"]
+        keys = [k for k, v in stats.items() if isinstance(v, Tensor)]
+        parts = [stats[k].to(torch.float64).reshape(1) for k in keys]
+        if flags is not None:
+            parts.append(flags)
+        values = torch.cat(parts).tolist()  # one host read
+        if flags is not None:
+            raise_batch_errors(values[len(keys) :], num_classes)
+        out = {k: v for k, v in stats.items() if k != "_checks"}
+        out.update(zip(keys, values))
+        out["cg_iters"] = int(out["cg_iters"])
+        out["cg_breakdown"] = int(self._cg_breakdown(out))
+        if out["cg_breakdown"]:
+            log_breakdown(self.log_name, step, {"iters": out["cg_iters"]})
+        return out
+
+    def _cg_breakdown(self, out: dict[str, Any]) -> bool:
+        """Whether the step's CG broke down, from its read scalars (subclasses)."""
+        raise NotImplementedError
+
+
+class FGN(GaussNewtonChecks, AlgorithmBase):
     """Fast Gauss-Newton step (see module docstring), an ``Algorithm``.
 
     Paper defaults: ``lr`` (α) 0.1, constant ``damping`` (λ) 1.0, ``cg_maxiter`` 5, ``cg_tol``
@@ -258,22 +353,7 @@ class FGN(AlgorithmBase):
         check_finite: str | None = None,
         host_stats: bool = True,
     ) -> None:
-        if objective.loss_kind != "cross_entropy":
-            raise ValueError(
-                f"FGN is defined for softmax cross-entropy; the objective's loss is {objective.loss_kind!r}"
-            )
-        check_gn_step("FGN", objective.model, locals(), FGN_RANGES)
-        self.objective = objective
-        self.lr = float(lr)
-        self.damping = float(damping)
-        self.cg_tol = float(cg_tol)
-        self.cg_maxiter = int(cg_maxiter)
-        device = next(objective.model.parameters()).device
-        if cg_early_exit == "auto":
-            cg_early_exit = device.type == "cpu"
-        self.cg_early_exit = cg_early_exit
-        self.check_finite = resolve_check_finite(check_finite, device)
-        self.host_stats = bool(host_stats)
+        device = self._init_step(objective, locals(), FGN_RANGES)
         self.margin_clamp = float(margin_clamp)
         self.head = find_affine_head(objective.model) if implementation in ("auto", "affine") else None
         if implementation == "affine" and self.head is None:
@@ -329,52 +409,11 @@ class FGN(AlgorithmBase):
         out.update(lr=self.lr, damping=self.damping, implementation=self.implementation)
         if self.host_stats:
             return self.read_stats(out)
-        if flags is not None:
-            self._pending = (keep_first_failure(getattr(self, "_pending", (None,))[0], flags), num_classes)
+        self._defer_checks(flags, num_classes)
         return out
 
-    def raise_if_nonfinite(self) -> None:
-        """Read the deferred checks of the steps since the last call (one host read) and raise.
-
-        Only ``check_finite="deferred"`` with ``host_stats=False`` leaves checks pending (with
-        ``host_stats=True`` each step raises its own error); a refused step changed nothing.
-
-        Raises:
-            ValueError: If a batch had labels outside ``[0, C)``.
-            FloatingPointError: If a batch's logits were not finite.
-        """
-        pending = self.__dict__.pop("_pending", None)
-        if pending is not None:
-            raise_batch_errors(pending[0].tolist(), pending[1])
-
-    def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.
-
-        Args:
-            stats: What :meth:`step` returned with ``host_stats=False``.
-
-        Returns:
-            The logged scalars as Python numbers (what ``host_stats=True`` returns).
-
-        Raises:
-            ValueError: If the step's batch had labels outside ``[0, C)`` (it made no update).
-            FloatingPointError: If the step's logits were not finite (it made no update).
-        """
-        flags, num_classes, step = stats["_checks"]
-        keys = [k for k, v in stats.items() if isinstance(v, Tensor)]
-        parts = [stats[k].to(torch.float64).reshape(1) for k in keys]
-        if flags is not None:
-            parts.append(flags)
-        values = torch.cat(parts).tolist()  # one host read
-        if flags is not None:
-            raise_batch_errors(values[len(keys) :], num_classes)
-        out = {k: v for k, v in stats.items() if k != "_checks"}
-        out.update(zip(keys, values))
-        out["cg_iters"] = int(out["cg_iters"])
-        out["cg_breakdown"] = int(out["cg_breakdown"])
-        if out["cg_breakdown"]:
-            log_breakdown("FGN", step, {"iters": out["cg_iters"]})
-        return out
+    def _cg_breakdown(self, out: dict[str, Any]) -> bool:
+        return bool(int(out["cg_breakdown"]))
 
     def _affine_step(self, x: Tensor, y: Tensor) -> dict[str, Any]:
         head = self.head

@@ -54,19 +54,7 @@ from curvopt.objective import (
     per_example_loss,
     unflatten,
 )
-from curvopt.optim.checks import (
-    FLAG,
-    INTEGER,
-    NONNEG,
-    UNIT,
-    Range,
-    at_least,
-    check_hparams,
-    check_trainable,
-    count,
-    one_of,
-    real,
-)
+from curvopt.optim import checks
 
 log = logging.getLogger(__name__)
 
@@ -273,32 +261,30 @@ def _case_order(num_train: int, shuffle: bool, seed: int) -> Tensor:
 
 
 #: HF-CG's hyper-parameters and what each may be (``curvopt.optim.checks``), checked at construction.
-HFCG_RANGES: dict[str, Range] = {
-    "initlambda": NONNEG,
-    "boost": at_least(1.0),
-    "drop": real(0.0, 1.0, low_open=True),
-    "rho_low": NONNEG,
-    "rho_high": NONNEG,
-    "weight_cost": NONNEG,
-    "numchunks": count(1),
-    "shuffle": FLAG,
-    "cg_maxiter": count(1),
-    "cg_miniter": count(0),
-    "cg_decay": real(0.0, 1.0),
-    "cg_progress_tol": NONNEG,
-    "cg_gap_ratio": NONNEG,
-    "cg_min_gap": count(0),
-    "preconditioner": one_of(*PRECONDITIONERS),
-    "precon_exponent": NONNEG,
-    "cg_backtracking": FLAG,
-    "line_search": FLAG,
-    "ls_c": UNIT,
-    "ls_factor": real(0.0, 1.0, low_open=True, high_open=True),
-    "ls_max_reductions": count(0),
-    "eval_chunk": count(1),
-    "curvature_products": one_of(*CURVATURE_PRODUCTS),
-    "seed": INTEGER,
-    "sync_timers": FLAG,
+HFCG_RANGES: dict[str, checks.Range] = {
+    **dict.fromkeys(
+        (
+            "initlambda",
+            "rho_low",
+            "rho_high",
+            "weight_cost",
+            "cg_progress_tol",
+            "cg_gap_ratio",
+            "precon_exponent",
+        ),
+        checks.NONNEG,
+    ),
+    **dict.fromkeys(("numchunks", "cg_maxiter", "eval_chunk"), checks.count(1)),
+    **dict.fromkeys(("cg_miniter", "cg_min_gap", "ls_max_reductions"), checks.count(0)),
+    "boost": checks.at_least(1.0),
+    "drop": checks.real(0.0, 1.0, low_open=True),
+    "cg_decay": checks.real(0.0, 1.0),
+    "ls_c": checks.UNIT,
+    "ls_factor": checks.real(0.0, 1.0, low_open=True, high_open=True),
+    "seed": checks.INTEGER,
+    "preconditioner": checks.one_of(*PRECONDITIONERS),
+    "curvature_products": checks.one_of(*CURVATURE_PRODUCTS),
+    **dict.fromkeys(("shuffle", "cg_backtracking", "line_search", "sync_timers"), checks.FLAG),
 }
 
 
@@ -384,14 +370,10 @@ class HFCG:
         seed: int = 0,
         sync_timers: bool = False,
     ) -> None:
-        check_hparams("HF-CG", HFCG_RANGES, locals())
-        if rho_low > rho_high:
-            raise ValueError(
-                f"HF-CG: rho_low must be <= rho_high, got rho_low={rho_low!r} > rho_high={rho_high!r}"
-            )
+        checks.check_hparams("HF-CG", HFCG_RANGES, locals(), ordered=[("rho_low", "rho_high")])
         if data.train is None:
             raise ValueError("HF-CG needs an in-memory training split (full-set gradient and line search)")
-        check_trainable("HF-CG", objective.params(), one_dtype=True)
+        checks.check_trainable("HF-CG", objective.params(), one_dtype=True)
         self.objective = objective
         self.x_train, self.y_train = data.train
         self.num_train = data.num_train

@@ -359,24 +359,19 @@ def _closed_form_lstsq(A: Tensor, b: Tensor) -> Tensor:
 KFAC_RANGES: dict[str, Range] = {
     "lr": real(0.0, low_open=True, also=("adaptive",)),
     "momentum": real(0.0, also=("adaptive",)),
-    "damping": POSITIVE,
-    "adaptive_damping": FLAG,
-    "damping_adaptation_interval": count(1),
-    "damping_adaptation_decay": UNIT_OPEN_LOW,
-    "damping_lower_threshold": NONNEG,
-    "damping_upper_threshold": NONNEG,
-    "min_damping": POSITIVE,
+    **dict.fromkeys(("damping", "min_damping"), POSITIVE),
     "max_damping": real(0.0, low_open=True, finite=False),
-    "include_damping_in_quad_change": FLAG,
+    **dict.fromkeys(("damping_lower_threshold", "damping_upper_threshold", "l2_reg"), NONNEG),
+    "damping_adaptation_decay": UNIT_OPEN_LOW,
     "curvature_ema": UNIT,
-    "curvature_update_period": count(1),
-    "inverse_update_period": count(1),
-    "estimation": one_of(*ESTIMATIONS),
-    "l2_reg": NONNEG,
-    "uncovered": one_of(*UNCOVERED),
+    **dict.fromkeys(
+        ("damping_adaptation_interval", "curvature_update_period", "inverse_update_period"), count(1)
+    ),
     "clip_grad_value": optional(POSITIVE),
     "seed": INTEGER,
-    "host_stats": FLAG,
+    "estimation": one_of(*ESTIMATIONS),
+    "uncovered": one_of(*UNCOVERED),
+    **dict.fromkeys(("adaptive_damping", "include_damping_in_quad_change", "host_stats"), FLAG),
 }
 
 
@@ -470,14 +465,12 @@ class KFAC(AlgorithmBase):
         seed: int = 0,
         host_stats: bool = True,
     ) -> None:
-        check_hparams("K-FAC", KFAC_RANGES, locals())
-        if not min_damping <= max_damping:
-            raise ValueError(f"K-FAC: need min_damping <= max_damping, got {min_damping} > {max_damping}")
-        if not damping_lower_threshold <= damping_upper_threshold:
-            raise ValueError(
-                "K-FAC: need damping_lower_threshold <= damping_upper_threshold, got "
-                f"{damping_lower_threshold} > {damping_upper_threshold}"
-            )
+        check_hparams(
+            "K-FAC",
+            KFAC_RANGES,
+            locals(),
+            ordered=[("min_damping", "max_damping"), ("damping_lower_threshold", "damping_upper_threshold")],
+        )
         for p in objective.model.parameters():
             if p.requires_grad and not p.is_floating_point():
                 raise TypeError(

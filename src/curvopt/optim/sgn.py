@@ -45,16 +45,13 @@ from curvopt.curvature.fgn_ops import (
     check_classification_batch,
     competitor_distribution,
     dispersion,
-    keep_first_failure,
     linear_maps,
-    log_breakdown,
-    raise_batch_errors,
-    resolve_check_finite,
     true_class_mask,
     true_vs_rest_margin,
 )
 from curvopt.objective import Objective, Params, flatten, unflatten
-from curvopt.optim.checks import FLAG, Range, check_gn_step
+from curvopt.optim.checks import FLAG, Range
+from curvopt.optim.fgn import GaussNewtonChecks
 
 
 def softmax_ggn_output_product(probs: Tensor, u: Tensor) -> Tensor:
@@ -163,7 +160,7 @@ SGN_RANGES: dict[str, Range] = {
 }
 
 
-class SGN(AlgorithmBase):
+class SGN(GaussNewtonChecks, AlgorithmBase):
     """Full-softmax-GGN damped Newton step with warm-started parameter-space CG (an ``Algorithm``).
 
     See the module docstring; defaults are the FGN paper's settings for its baseline.
@@ -217,6 +214,8 @@ class SGN(AlgorithmBase):
         (3, True)
     """
 
+    log_name = "SGN"
+
     def __init__(
         self,
         objective: Objective,
@@ -231,25 +230,10 @@ class SGN(AlgorithmBase):
         check_finite: str | None = None,
         host_stats: bool = True,
     ) -> None:
-        if objective.loss_kind != "cross_entropy":
-            raise ValueError(
-                f"SGN here is the softmax cross-entropy baseline; got loss {objective.loss_kind!r}"
-            )
-        check_gn_step("SGN", objective.model, locals(), SGN_RANGES)
-        self.objective = objective
-        self.lr = float(lr)
-        self.damping = float(damping)
-        self.cg_tol = float(cg_tol)
-        self.cg_maxiter = int(cg_maxiter)
+        self._init_step(objective, locals(), SGN_RANGES)
         self.warm_start = bool(warm_start)
         self.log_dispersion = bool(log_dispersion)
         self.cg_dot_dtype = torch.float64 if cg_float64_dots else None
-        device = next(objective.model.parameters()).device
-        if cg_early_exit == "auto":
-            cg_early_exit = device.type == "cpu"
-        self.cg_early_exit = cg_early_exit
-        self.check_finite = resolve_check_finite(check_finite, device)
-        self.host_stats = bool(host_stats)
         self.previous: Params | None = None
         self.steps = 0
 
@@ -363,57 +347,16 @@ class SGN(AlgorithmBase):
         out.update(lr=self.lr, damping=self.damping, _checks=(flags, z.shape[1], self.steps))
         if self.host_stats:
             out = self.read_stats(out)  # raises a deferred error before anything below
-        elif flags is not None:
-            self._pending = (keep_first_failure(getattr(self, "_pending", (None,))[0], flags), z.shape[1])
+        else:
+            self._defer_checks(flags, z.shape[1])
         self.previous = solution if self.warm_start else None
         self.steps += 1
         return out
 
-    def raise_if_nonfinite(self) -> None:
-        """Read the deferred checks of the steps since the last call (one host read) and raise.
-
-        Only ``check_finite="deferred"`` with ``host_stats=False`` leaves checks pending (with
-        ``host_stats=True`` each step raises its own error); a refused step changed nothing.
-
-        Raises:
-            ValueError: If a batch had labels outside ``[0, C)``.
-            FloatingPointError: If a batch's logits were not finite.
-        """
-        pending = self.__dict__.pop("_pending", None)
-        if pending is not None:
-            raise_batch_errors(pending[0].tolist(), pending[1])
-
-    def read_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """Read the scalars of a ``host_stats=False`` step (one host read) and raise its error.
-
-        Args:
-            stats: What :meth:`step` returned with ``host_stats=False``.
-
-        Returns:
-            The logged scalars as Python numbers (what ``host_stats=True`` returns).
-
-        Raises:
-            ValueError: If the step's batch had labels outside ``[0, C)`` (it made no update).
-            FloatingPointError: If the step's logits were not finite (it made no update).
-        """
-        flags, num_classes, step = stats["_checks"]
-        keys = [k for k, v in stats.items() if isinstance(v, Tensor)]
-        parts = [stats[k].to(torch.float64).reshape(1) for k in keys]
-        if flags is not None:
-            parts.append(flags)
-        values = torch.cat(parts).tolist()  # one host read
-        if flags is not None:
-            raise_batch_errors(values[len(keys) :], num_classes)
-        out = {k: v for k, v in stats.items() if k != "_checks"}
-        out.update(zip(keys, values))
-        out["cg_iters"] = int(out["cg_iters"])
+    def _cg_breakdown(self, out: dict[str, Any]) -> bool:
         if not isinstance(out["cg_stop"], str):
             out["cg_stop"] = STOP_REASONS[int(out["cg_stop"])]
-        breakdown = out["cg_stop"] in ("negative_curvature", "breakdown")
-        out["cg_breakdown"] = int(breakdown)
-        if breakdown:
-            log_breakdown("SGN", step, {"iters": out["cg_iters"]})
-        return out
+        return out["cg_stop"] in ("negative_curvature", "breakdown")
 
     def state_dict(self) -> dict[str, Any]:
         """The step counter and the warm start.

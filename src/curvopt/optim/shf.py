@@ -194,40 +194,23 @@ def next_batch_size_rule(
 
 #: SHF's hyper-parameters and what each may be (``curvopt.optim.checks``), checked at construction.
 SHF_RANGES: dict[str, Range] = {
-    "damping": NONNEG,
+    **dict.fromkeys(("damping", "atol", "ftol", "theta", "rho_low", "rho_high", "stall_threshold"), NONNEG),
+    **dict.fromkeys(("maxiter", "batch_size", "max_batch_size", "stall_window", "eval_chunk"), count(1)),
+    **dict.fromkeys(("miniter", "recover", "max_halvings"), count(0)),
+    **dict.fromkeys(("gamma", "gamma_max"), real(0.0, 1.0)),
     "drop": real(0.0, 1.0, low_open=True),
-    "gamma": real(0.0, 1.0),
     "gamma_growth": real(0.0, low_open=True),
-    "gamma_max": real(0.0, 1.0),
-    "maxiter": count(1),
-    "atol": NONNEG,
-    "ftol": NONNEG,
-    "miniter": count(0),
-    "recover": count(0),
-    "theta": NONNEG,
     "armijo": UNIT,
-    "max_halvings": count(0),
-    "rho_low": NONNEG,
-    "rho_high": NONNEG,
-    "batch_size": count(1),
-    "max_batch_size": count(1),
-    "stall_window": count(1),
-    "stall_threshold": NONNEG,
     "batch_growth": at_least(1.0),
+    "val_max_examples": optional(count(1)),
+    "seed": INTEGER,
+    "variance_norm_power": one_of(1, 2),
     "preconditioner": one_of(*PRECONDITIONERS),
-    "precon_sqrt": FLAG,
     "step_space": one_of(*STEP_SPACES),
     "warm_start": one_of(*WARM_STARTS),
     "damping_center": one_of(*DAMPING_CENTERS),
-    "return_best": FLAG,
-    "variance_norm_power": one_of(1, 2),
     "variance_gradients": one_of(*VARIANCE_GRADIENTS),
-    "use_hand_written_gn": FLAG,
-    "merit": FLAG,
-    "val_max_examples": optional(count(1)),
-    "eval_chunk": count(1),
-    "seed": INTEGER,
-    "sync_timers": FLAG,
+    **dict.fromkeys(("precon_sqrt", "return_best", "use_hand_written_gn", "merit", "sync_timers"), FLAG),
 }
 
 
@@ -349,11 +332,7 @@ class SHF:
         seed: int = 0,
         sync_timers: bool = False,
     ) -> None:
-        check_hparams("SHF", SHF_RANGES, locals())
-        if rho_low > rho_high:
-            raise ValueError(
-                f"SHF: rho_low must be <= rho_high, got rho_low={rho_low!r} > rho_high={rho_high!r}"
-            )
+        check_hparams("SHF", SHF_RANGES, locals(), ordered=[("rho_low", "rho_high")])
         check_trainable("SHF", objective.params(), one_dtype=True)
         if objective.loss_kind != "squared_error":
             raise ValueError("SHF-LSMR is a least-squares method: the model's loss must be squared_error")

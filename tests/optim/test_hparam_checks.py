@@ -381,3 +381,31 @@ def test_a_device_tensor_lr_is_not_read_inside_step():
             ValueError, match=r"lr must be a finite number >= 0, got a tensor of shape \(2,\)"
         ):
             RACS([w], lr=torch.ones(2, device="cuda"))
+
+
+@pytest.mark.parametrize("name", ["RACS", "Alice"])
+def test_a_state_dict_of_groups_in_another_order_is_refused_before_loading(name):
+    """torch.optim maps saved groups by position: a matrix's state would land on a bias."""
+    w, b, groups = _groups()
+    opt = _build(name, groups, lr=0.02)
+    for _ in range(2):
+        w.grad, b.grad = torch.randn(6, 9), torch.randn(9)
+        opt.step()
+    sd = opt.state_dict()
+    w2, b2 = nn.Parameter(w.detach().clone()), nn.Parameter(b.detach().clone())
+    swapped = _build(name, [{"params": [b2], "adam": True}, {"params": [w2]}], lr=0.02)
+    with pytest.raises(
+        ValueError, match=f"{name}: parameter group #0 was saved with adam=False but is adam=True"
+    ):
+        swapped.load_state_dict(sd)
+    assert not swapped.state
+    # same kinds, other shapes: the state sizes do not fit
+    v1, v2 = nn.Parameter(torch.randn(6, 9)), nn.Parameter(torch.randn(9, 4))
+    a = _build(name, [{"params": [v1, v2]}], lr=0.02) if name == "RACS" else None
+    if a is not None:
+        v1.grad, v2.grad = torch.randn(6, 9), torch.randn(9, 4)
+        a.step()
+        u1, u2 = nn.Parameter(torch.randn(9, 4)), nn.Parameter(torch.randn(6, 9))
+        b_opt = _build(name, [{"params": [u1, u2]}], lr=0.02)
+        with pytest.raises(ValueError, match=r"the saved 's' of parameter #0 \(group #0\) has 9 elements"):
+            b_opt.load_state_dict(a.state_dict())

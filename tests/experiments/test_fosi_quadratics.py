@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 
 from curvopt.optim.fosi import FOSI, VARIANTS
 from curvopt.training.records import read_metrics
-from experiments.fosi_quadratics import figures, run
+from experiments.fosi_quadratics import audit_authors, figures, robustness, run
 from experiments.fosi_quadratics import quadratics as q
 
 F64 = torch.float64
@@ -209,3 +210,160 @@ def test_fosi_adam_rule_hand_worked_steps():
     f = q.run_batch(H, theta0, "fosi_adam", 2, eta, eigenvalues=lam, eigenvectors=V)[0, 0]
     expected = [2.5, 2.0 * x1[0] ** 2 + 0.5 * x1[1] ** 2, 2.0 * x2[0] ** 2 + 0.5 * x2[1] ** 2]
     torch.testing.assert_close(f, torch.tensor(expected, dtype=F64), rtol=1e-14, atol=0)
+
+
+# -- Figures 7-8: per-run start points, start-point robustness, the audit against the authors' script --
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "fosi_quadratics"
+
+
+def test_run_batch_per_run_start_points(problem):
+    """theta0 of shape (B, R, n): each run starts from its own point, as if run alone."""
+    p = problem
+    e = q.ese(p, k=5)
+    gen = torch.Generator().manual_seed(1)
+    starts = torch.randn(4, p.n, generator=gen, dtype=F64)
+    rules = ["adam", "fosi_adam", "adam", "fosi_adam"]
+    batched = q.run_batch(
+        p.H[None], starts[None], rules, 20, 0.05, eigenvalues=e.eigenvalues, eigenvectors=e.eigenvectors
+    )[0]
+    for i, rule in enumerate(rules):
+        single = q.run_batch(
+            p.H, starts[i], rule, 20, 0.05, eigenvalues=e.eigenvalues, eigenvectors=e.eigenvectors
+        )[0, 0]
+        torch.testing.assert_close(batched[i], single, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="start points"):
+        q.run_batch(
+            p.H[None],
+            starts[None, :3],
+            rules,
+            2,
+            0.05,
+            eigenvalues=e.eigenvalues,
+            eigenvectors=e.eigenvectors,
+        )
+
+
+def test_signed_starts_keep_f0_and_the_recorded_start():
+    p = q.q3_problem(1.142, 50)
+    signs = robustness.sign_draws(6, seed=3)
+    drawn, canonical = robustness.signed_starts(p.H, signs)
+    torch.testing.assert_close(canonical, p.theta0, rtol=0, atol=0)
+    f0 = torch.stack([p.f(t) for t in drawn])
+    torch.testing.assert_close(f0, p.f(p.theta0).expand(6), rtol=1e-12, atol=0)  # signs do not change f(θ₀)
+    assert not torch.allclose(drawn[0], p.theta0)
+    ones = robustness.signed_starts(p.H, torch.ones(1, 100, dtype=F64))[0][0]
+    torch.testing.assert_close(ones, p.theta0, rtol=0, atol=1e-15)
+
+
+def test_robustness_run_on_a_small_grid(monkeypatch, tmp_path):
+    """The record: one row per cell; run 0 (eigh's signs) is the Q3 computation of that cell."""
+    import numpy as np
+
+    monkeypatch.setattr(q, "q3_grid", lambda: (np.array([1.142, 1.16]), np.array([4, 50])))
+    robustness.main(["--draws", "3", "--results-dir", str(tmp_path)])
+    rec = json.loads((tmp_path / robustness.RECORD).read_text())
+    assert rec["settings"]["draws_per_cell"] == 3 and len(rec["cells"]) == 4
+    row = {(c["b"], c["zeta"]): c for c in rec["cells"]}[(1.142, 50)]
+    assert row["eigh_signs_fails"]  # the worst cell of the full grid (ratio 2.18)
+    assert row["eigh_signs_fosi_adam_f200"] / row["eigh_signs_adam_f200"] == pytest.approx(2.183, abs=1e-3)
+    assert 0 <= row["fosi_le_adam"] <= 3 and row["share_fosi_le_adam"] == row["fosi_le_adam"] / 3
+    assert rec["summary"]["cells_failing_eigh_signs"] == sum(c["eigh_signs_fails"] for c in rec["cells"])
+    path = figures.fig7_robustness(tmp_path, tmp_path / "fig")
+    assert path.name == "fig7_start_point_robustness.png" and path.stat().st_size > 10_000
+
+
+def test_committed_robustness_record_matches_the_q3_records():
+    """≥ 50 draws in every cell of the grid; the cells failing from eigh's signs are the Q3 records'."""
+    rec = json.loads((RESULTS / robustness.RECORD).read_text())
+    assert len(rec["cells"]) == 520 and min(c["draws"] for c in rec["cells"]) >= 50
+    table = figures._q3_table(RESULTS)
+    fails = {c for c in table["adam"] if table["fosi_adam"][c]["f_final"] > table["adam"][c]["f_final"]}
+    assert {(c["b"], c["zeta"]) for c in rec["cells"] if c["eigh_signs_fails"]} == fails
+    by = {(c["b"], c["zeta"]): c for c in rec["cells"]}
+    for c in fails:  # recomputed vs recorded: round-off of the ESE/BLAS, amplified over 200 Adam steps
+        assert by[c]["eigh_signs_fosi_adam_f200"] == pytest.approx(table["fosi_adam"][c]["f_final"], rel=1e-7)
+        assert by[c]["eigh_signs_adam_f200"] == pytest.approx(table["adam"][c]["f_final"], rel=1e-7)
+
+
+def test_committed_audit_record():
+    """The authors' script was run on (at least) every failing cell and agrees with ours."""
+    rec = json.loads((RESULTS / audit_authors.RECORD).read_text())
+    assert rec["authors"]["repository"].endswith("hsivan/fosi") and rec["authors"]["commit"]
+    assert {"jax", "jaxlib", "scipy", "numpy"} <= set(rec["versions"]) and rec["versions"]["jax_enable_x64"]
+    assert rec["same_failing_cells"] and rec["cells_failing_authors"] == rec["cells_failing_ours"] > 0
+    assert rec["max_rel_diff_same_start"] < 1e-8 and rec["theta0_max_abs_diff_same_start"] < 1e-6
+    other = {(c["b"], c["zeta"]) for c in rec["cells_other_start"]}
+    assert rec["cells_same_start"] + len(other) == rec["cells_audited"]
+    assert all(c["same_verdict"] and c["flipped_eigenvectors"] for c in rec["cells_other_start"])
+    assert not other & {tuple(c) for c in rec["failing_cells_authors"]}  # every failing cell: the same θ₀
+    assert rec["cells_audited"] >= rec["cells_failing_ours_whole_grid"]
+    text = (RESULTS / audit_authors.RECORD).read_text()
+    assert not any(p in text for p in ("/tmp/", "/work/", "/home/", "/root/"))  # no machine paths
+
+
+def test_audit_skips_without_checkout_or_jax(tmp_path, capsys):
+    assert audit_authors.main(["--authors-src", str(tmp_path / "none"), "--results-dir", str(tmp_path)]) == 0
+    assert "skipped: no authors' checkout" in capsys.readouterr().out
+    src = tmp_path / "fosi"
+    (src / "experiments" / "quadratic").mkdir(parents=True)
+    (src / audit_authors.SCRIPT).write_text("")
+    assert audit_authors.main(["--authors-src", str(src), "--results-dir", str(tmp_path)]) == 0
+    assert "skipped: no --jax-python" in capsys.readouterr().out
+    args = [
+        "--authors-src",
+        str(src),
+        "--jax-python",
+        str(tmp_path / "no-python"),
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert audit_authors.main(args) == 0
+    assert "skipped: cannot start" in capsys.readouterr().out
+    assert not (tmp_path / audit_authors.RECORD).exists()
+
+
+def test_audit_compare_counts_cells_and_differences():
+    """Failing cells on both sides, the largest f_t difference over the cells with the same θ₀, and
+    the cells where the other eigh flipped an eigenvector (θ₀ = Q x₀′ with x₀′ > 0)."""
+    import numpy as np
+
+    t = np.arange(201, dtype=np.float64)
+    Q = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]
+    x = np.array([0.5, 1.0, 0.5])
+    mine = {
+        (1.142, 50): {"adam": 1.0 / (1 + t), "fosi_adam": 2.0 / (1 + t), "theta0": Q @ x, "vecs": Q},
+        (1.12, 90): {"adam": 2.0 / (1 + t), "fosi_adam": 1.0 / (1 + t), "theta0": Q @ x, "vecs": Q},
+    }
+    flipped = Q @ (x * np.array([-1.0, 1.0, 1.0]))  # the other code's eigh gave -q_0
+    authors = {
+        "cells": [
+            {
+                "b": 1.142,
+                "zeta": 50,
+                "theta0": list(Q @ x + 1e-12),
+                "f": {"adam": list(1.0 / (1 + t)), "fosi_adam": list(2.0 / (1 + t) * (1 + 1e-9))},
+            },
+            {
+                "b": 1.12,
+                "zeta": 90,
+                "theta0": list(flipped),
+                "f": {"adam": list(2.0 / (1 + t) * 1.1), "fosi_adam": list(1.0 / (1 + t))},
+            },
+        ]
+    }
+    out = audit_authors.compare(mine, authors)
+    assert out["same_failing_cells"] and out["failing_cells_authors"] == [[1.142, 50]]
+    assert out["cells_same_start"] == 1 and out["max_rel_diff_same_start"] == pytest.approx(1e-9, rel=1e-6)
+    assert out["theta0_max_abs_diff_same_start"] == pytest.approx(1e-12, rel=1e-3)
+    assert out["cells_other_start"] == [
+        {
+            "b": 1.12,
+            "zeta": 90,
+            "flipped_eigenvectors": [0],
+            "max_rel_diff": pytest.approx(0.1),
+            "same_verdict": True,
+        }
+    ]
+    assert out["max_rel_diff"] == pytest.approx(0.1)
+    assert out["worst_cell_authors"]["ratio"] == pytest.approx(2.0, rel=1e-6)
+    assert audit_authors.flipped_eigenvectors(flipped, Q) == [0]

@@ -55,5 +55,5 @@ mnist-autoencoder-demo: ## Adam / heavy-ball / SGD on the MNIST autoencoder, the
 		--out results/figures/mnist_autoencoder_error_vs_time.png
 
 # Papers in the README's order, then the report and the cluster tools (any other mk/*.mk after them).
-MK_FILES := mk/shf.mk mk/fgn.mk mk/fosi.mk mk/fosi_tasks.mk mk/alice.mk mk/alice_llm.mk mk/report.mk mk/cluster.mk
+MK_FILES := mk/shf.mk mk/fgn.mk mk/fosi.mk mk/fosi_tasks.mk mk/alice.mk mk/alice_llm.mk mk/cross.mk mk/report.mk mk/cluster.mk
 -include $(MK_FILES) $(filter-out $(MK_FILES),$(sort $(wildcard mk/*.mk)))

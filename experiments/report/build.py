@@ -21,6 +21,7 @@ from experiments.report.core import (
     write_html,
     write_markdown,
 )
+from experiments.report.cross import append_section as append_cross_section
 from experiments.report.papers import ITEMS, PAPERS
 
 DEFAULT_TOLERANCES = REPO / "experiments" / "report" / "tolerances.yaml"
@@ -87,6 +88,7 @@ def build_report(
     shown = {p: t for p, t in PAPERS.items() if any(i.paper == p for i in chosen)}
     write_markdown(evaluated, shown, out_md or results / "REPORT.md", header)
     write_html(evaluated, shown, out_html or results / "REPORT.html", header)
+    append_cross_section(results, out_md or results / "REPORT.md", out_html or results / "REPORT.html")
     return evaluated
 
 

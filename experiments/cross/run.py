@@ -49,7 +49,7 @@ PROFILES: dict[str, dict] = {
     "paper": {
         "seeds": [0, 1, 2],
         "trials": ["t0", "t1"],
-        "budget_s": {"usps": 600, "lr": 300, "lm": 600, "llm": 900},
+        "budget_s": {"usps": 240, "lr": 120, "lm": 240, "llm": 240},
     },
 }
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
@@ -284,7 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the profile's")
-    p.add_argument("--trials", nargs="+", default=None, help="default: the profile's (t0 t1)")
+    p.add_argument(
+        "--trials", nargs="+", default=None, help="default: the profile's (quick: t0; paper: t0 t1)"
+    )
     p.add_argument(
         "--budget", type=float, default=None, help="algorithm CPU-s per run (default: the profile's)"
     )

@@ -124,7 +124,10 @@ def finite_json(value: Any) -> Any:
     return value
 
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# The folder runs are launched from (the repository for `make` targets, the drivers and the tests):
+# a record names what lies below it relatively. Not this file's location: an installed package does
+# not sit in a checkout.
+REPO_ROOT = Path.cwd()
 
 
 def path_roots(data_dir: str | Path | None = None, machine: bool = True) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ import pytest
 
 from curvopt.analysis.portable import ABSOLUTE_PATH, tracked_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tracked_records_hold_no_absolute_machine_path(monkeypatch):

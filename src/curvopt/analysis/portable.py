@@ -9,7 +9,7 @@ file in an error message). The writers now store them relative to the data direc
 (``$CURVOPT_DATA_DIR``) and the repository (:func:`curvopt.training.records.portable_paths`);
 this rewrites records written before, with the folders of the machines that wrote them
 (:data:`KNOWN_ROOTS`) as well as this one's. Only those path strings change; every other byte of
-a file stays as it was. ``tests/test_records_portable.py`` fails when a tracked record under
+a file stays as it was. ``tests/analysis/test_records_portable.py`` fails when a tracked record under
 ``results/`` holds an absolute machine path.
 """
 
@@ -34,7 +34,7 @@ KNOWN_ROOTS: list[tuple[str, str]] = [
     ("/root", "~"),
 ]
 TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".md", ".csv", ".txt", ".log")
-# what an absolute machine folder looks like in a record (tests/test_records_portable.py)
+# what an absolute machine folder looks like in a record (tests/analysis/test_records_portable.py)
 ABSOLUTE_PATH = re.compile(
     r"(?<![\w.$~])/(?:work|root|home|tmp|opt|Users|scratch|mnt|data|private|var)/[\w.+-]"
 )

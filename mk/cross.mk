@@ -13,10 +13,10 @@ CROSS_RUN := $(PY) -m experiments.cross.run
 
 reproduce-cross: ## the cross-paper grid: runs what is missing (one multirun per task), then table + figures
 	$(CROSS_RUN) --profile $(SCALE) --tasks $(CROSS_TASKS) $(if $(DRY_RUN),--dry-run) $(if $(YES),--yes) $(CROSS_ARGS)
-	$(if $(DRY_RUN),,$(PY) -m experiments.report.cross --profile $(SCALE))
+	$(if $(DRY_RUN),,$(PY) -m experiments.cross.report --profile $(SCALE))
 
 cross-figures: ## only redraw the cross-paper table (results/tables/cross_grid_*) and figures from the records
-	$(PY) -m experiments.report.cross --profile $(SCALE)
+	$(PY) -m experiments.cross.report --profile $(SCALE)
 
 test-cross: ## the cross-paper grid's tests
 	$(PY) -m pytest -q tests/experiments/test_cross.py

@@ -15,7 +15,7 @@ seed-mean of the best validation metric within the budget); its seeds then give:
   example evaluations (:func:`step_work`); optimizer-state bytes are not in the run records.
 
 A method that does not apply to the task gets a row with the reason; a ranking per task orders the
-methods by their best validation metric. ``python -m experiments.report.cross`` writes the table
+methods by their best validation metric. ``python -m experiments.cross.report`` writes the table
 (``results/tables/cross_grid_<profile>.md/.csv``) and one figure per task
 (``results/figures/cross_<task>_<profile>.png``: validation metric vs CPU time and vs work);
 ``make report`` appends the section (:func:`append_section`).
@@ -218,6 +218,8 @@ def load_task_runs(results: Path, plan: dict) -> list[dict]:
         if not m or m["profile"] != plan["profile"]:
             continue
         method = m["method"]
+        if s.get("status") not in ("completed", "diverged"):
+            continue  # running, killed or failed: no finished record to judge
         if int(m["seed"]) not in plan.get("seeds", [int(m["seed"])]) or m["trial"] not in plan.get(
             "trials", [m["trial"]]
         ):
@@ -302,7 +304,7 @@ def task_table(plan: dict, runs: list[dict]) -> tuple[pd.DataFrame, dict]:
                 "_key": method,
                 "applies": "yes",
                 "trial": f"{chosen[method]}: {TUNED.get(method, '?')}={trials.get(chosen[method], '?')}",
-                "seeds": len(sel),
+                "seeds": str(len(sel)),
                 "best val": _fmt(float(np.mean(bv))) if np.isfinite(bv).all() else "diverged",
                 "± sd": _fmt(float(np.std(bv))) if len(bv) > 1 and np.isfinite(bv).all() else "–",
                 "test at best val": _fmt(float(np.nanmean(tv))) if np.isfinite(tv).any() else "–",
@@ -310,7 +312,7 @@ def task_table(plan: dict, runs: list[dict]) -> tuple[pd.DataFrame, dict]:
                 "work to target": _fmt(float(np.mean(tw[reached])), 3) if reached.any() else "not reached",
                 "reached": f"{int(reached.sum())}/{len(sel)}",
                 "work in budget": _fmt(float(np.nanmean(wk)), 3),
-                "steps": int(np.mean([r["steps"] for r in sel])),
+                "steps": str(int(np.mean([r["steps"] for r in sel]))),
                 "peak MiB": _fmt(float(np.mean([r["peak_mem_bytes"] for r in sel])) / 2**20, 4),
                 "status": ",".join(statuses),
                 "_best": float(np.mean(bv)) if np.isfinite(bv).all() else math.nan,
@@ -359,19 +361,19 @@ COLUMNS = [
 
 
 def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
-    """Applicable methods by rank, then the others; only the report's columns, gaps as ``–``."""
+    """Applicable methods by rank, then those without a record, then the ones that do not apply; only the
+    report's columns, gaps as ``–``."""
     if frame.empty:
         return frame
     f = frame.copy()
-    key = f["_best"] if "_best" in f else pd.Series(math.nan, index=f.index)
+    rank = pd.to_numeric(f["rank"], errors="coerce") if "rank" in f else pd.Series(math.nan, index=f.index)
     f["_order"] = [
-        (0 if np.isfinite(k) else 1 if a == "yes" else 2) for k, a in zip(key, f["applies"], strict=True)
+        0 if np.isfinite(r) else 1 if a == "yes" else 2 for r, a in zip(rank, f["applies"], strict=True)
     ]
-    f = f.sort_values(["_order", "_best"] if "_best" in f else ["_order"], kind="stable")
-    if "_best" in f and not f.empty:
-        pass
+    f["_r"] = rank
+    f = f.sort_values(["_order", "_r"], kind="stable")
     cols = [c for c in COLUMNS if c in f]
-    return f[cols].fillna("–").astype(str).replace({"nan": "–"})
+    return f[cols].astype(object).where(f[cols].notna(), "–").astype(str).replace({"nan": "–"})
 
 
 def _label(plan: dict, info: dict) -> str:
@@ -393,15 +395,22 @@ def task_figure(plan: dict, runs: list[dict], info: dict, out: Path) -> Path | N
     if not sel:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
-    cmap = plt.get_cmap("tab20")
+    cmap = plt.get_cmap("tab10")
     series = []
     for i, method in enumerate(METHODS):
         rs = [r for r in sel if r["method"] == method]
         for j, r in enumerate(sorted(rs, key=lambda r: r["seed"])):
             c = r["curve"]
-            kw = {"color": cmap(i % 20), "lw": 1.3, "alpha": 0.9, "label": LABELS[method] if j == 0 else None}
+            kw = {
+                "color": cmap(i % 10),
+                "ls": "-" if i < 10 else "--",
+                "lw": 1.3,
+                "alpha": 0.9,
+                "label": LABELS[method] if j == 0 else None,
+            }
             axes[0].plot(c["time"], c["value"], **kw)
-            axes[1].plot(c["work"].clip(lower=1), c["value"], **kw)
+            w = c[c["work"] > 0]  # the log axis starts at the first evaluation after a step
+            axes[1].plot(w["work"], w["value"], **kw)
             series.append(c.assign(method=method, seed=r["seed"], trial=r["trial"]))
     target = info.get("target", math.nan)
     for ax, xl in zip(

@@ -15,6 +15,7 @@ import yaml
 from curvopt.analysis import pack
 from curvopt.analysis.records import load_runs, load_summaries, read_run_metrics
 from curvopt.training.records import packed_run_ids
+from experiments import pack as pack_cli
 from experiments.fosi_quadratics import figures as figs
 
 
@@ -149,10 +150,10 @@ def test_cli_packs_every_experiment_below_a_folder(tmp_path: Path, capsys: pytes
     make_experiment(tmp_path / "a")
     make_experiment(tmp_path / "b")
     before = load_runs(tmp_path / "a", "exp")
-    assert pack.main([str(tmp_path / "a"), str(tmp_path / "b" / "exp")]) == 0
+    assert pack_cli.main([str(tmp_path / "a"), str(tmp_path / "b" / "exp")]) == 0
     assert pack.is_packed(tmp_path / "a" / "exp") and pack.is_packed(tmp_path / "b" / "exp")
     pd.testing.assert_frame_equal(before, load_runs(tmp_path / "a", "exp"))
-    assert pack.main([str(tmp_path / "empty")]) == 1
+    assert pack_cli.main([str(tmp_path / "empty")]) == 1
 
 
 def test_fosi_quadratics_readers_read_the_pack(tmp_path: Path) -> None:
@@ -174,7 +175,7 @@ def test_a_parked_unfinished_run_is_read_and_left_alone(two_layouts: tuple[Path,
     it as it is, and parking it again is a clear error."""
     loose, packed = two_layouts
     before = read_run_metrics(packed / "exp" / "hb_s9")
-    assert pack.main(["--park", str(packed / "exp" / "hb_s9")]) == 0
+    assert pack_cli.main(["--park", str(packed / "exp" / "hb_s9")]) == 0
     assert (packed / "exp" / "hb_s9" / "metrics.jsonl.gz").exists()
     assert not (packed / "exp" / "hb_s9" / "metrics.jsonl").exists()
     assert "hb_s9" in [p.name for p in pack.loose_run_dirs(packed / "exp")]
@@ -182,7 +183,7 @@ def test_a_parked_unfinished_run_is_read_and_left_alone(two_layouts: tuple[Path,
     assert "hb_s9" in set(load_summaries(packed, "exp")["run_id"])  # still listed as running
     res = pack.pack_experiment(packed / "exp")
     assert res.skipped == ["hb_s9"] and (packed / "exp" / "hb_s9" / "metrics.jsonl.gz").exists()
-    assert pack.main(["--park", str(packed / "exp" / "hb_s9")]) == 2
+    assert pack_cli.main(["--park", str(packed / "exp" / "hb_s9")]) == 2
 
 
 def test_unpack_restores_a_run_and_leaves_the_others_packed(two_layouts: tuple[Path, Path]) -> None:
@@ -193,7 +194,7 @@ def test_unpack_restores_a_run_and_leaves_the_others_packed(two_layouts: tuple[P
     (exp / "fosi_s2").mkdir()
     (exp / "fosi_s2" / "checkpoint.pt").write_bytes(b"kept")  # what packing left in the directory
     before = load_runs(packed, "exp")
-    assert pack.main(["--unpack", str(exp / "fosi_s2"), str(exp / "sgd_s1")]) == 0
+    assert pack_cli.main(["--unpack", str(exp / "fosi_s2"), str(exp / "sgd_s1")]) == 0
     for run in ("fosi_s2", "sgd_s1"):
         assert (loose / "exp" / run / "metrics.jsonl").exists() and (exp / run / "metrics.jsonl").exists()
         assert json.loads((exp / run / "summary.json").read_text()) == json.loads(
@@ -221,10 +222,10 @@ def test_unpack_refuses_what_it_cannot_do(
 ) -> None:
     _, packed = two_layouts
     exp = packed / "exp"
-    assert pack.main(["--unpack", str(exp / "hb_s9")]) == 2  # loose, not packed
+    assert pack_cli.main(["--unpack", str(exp / "hb_s9")]) == 2  # loose, not packed
     assert "not in the pack" in capsys.readouterr().err
     write_run(exp, "adam_s0", [{"step": 0}], None, {"seed": 0})  # a new run under a packed id
-    assert pack.main(["--unpack", str(exp / "adam_s0")]) == 2
+    assert pack_cli.main(["--unpack", str(exp / "adam_s0")]) == 2
     assert "already holds" in capsys.readouterr().err
     assert "adam_s0" in [r["run_id"] for r in pack.read_packed_runs(exp)]  # nothing changed
 

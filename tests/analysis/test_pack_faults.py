@@ -12,6 +12,7 @@ from curvopt.analysis import pack
 from curvopt.analysis.records import read_run_metrics
 from curvopt.errors import RunInUseError
 from curvopt.training.records import RunLock, RunRecorder, read_metrics
+from experiments import pack as pack_cli
 from tests.analysis.test_pack import write_run
 
 CONFIG = {"seed": 0, "profile": "quick", "optimizer": {"name": "adam", "lr": 0.1}}
@@ -86,7 +87,7 @@ def test_a_pack_whose_metrics_parquet_is_gone_is_named_not_read_as_runs_without_
         load_runs(tmp_path, "exp")
     with pytest.raises(RecordError, match="metrics.parquet is missing"):
         pack.pack_experiment(exp)
-    assert pack.main([str(exp)]) == 2
+    assert pack_cli.main([str(exp)]) == 2
     assert json.loads((exp / "runs.jsonl").read_text())["run_id"] == "adam_s0"  # left as it was
 
 
@@ -116,7 +117,7 @@ def test_a_half_written_runs_jsonl_is_named(tmp_path: Path, gz: bool, capsys: py
         load_summaries(tmp_path, "exp")
     with pytest.raises(BadInputError, match=rf"{name} is not a valid pack .*restore it"):
         check_run_dir(exp / "a_s0", resume=True, restart=False)
-    assert pack.main(["--unpack", str(exp / "a_s0")]) == 2
+    assert pack_cli.main(["--unpack", str(exp / "a_s0")]) == 2
     assert name in capsys.readouterr().err
 
 
@@ -185,7 +186,7 @@ def test_a_killed_unpack_is_finished_by_unpacking_again(
         pack.unpack_run(exp / "a_s0")
     monkeypatch.setattr(pack, "atomic_write_text", real_write)
     monkeypatch.setattr(pack, "_drop_from_pack", real_drop)
-    assert pack.main(["--unpack", str(exp / "a_s0")]) == 0
+    assert pack_cli.main(["--unpack", str(exp / "a_s0")]) == 0
     assert [r["run_id"] for r in pack.read_packed_runs(exp)] == ["b_s1"]
     assert len(read_metrics(exp / "a_s0" / "metrics.jsonl")) == 5
 
@@ -196,7 +197,7 @@ def test_unpack_still_refuses_records_of_another_run(tmp_path: Path, capsys: pyt
     pack.pack_experiment(exp)
     (exp / "adam_s0").mkdir()
     (exp / "adam_s0" / "summary.json").write_text('{"status": "failed"}')
-    assert pack.main(["--unpack", str(exp / "adam_s0")]) == 2
+    assert pack_cli.main(["--unpack", str(exp / "adam_s0")]) == 2
     assert "Move summary.json out of" in capsys.readouterr().err
     assert pack.read_packed_runs(exp)[0]["run_id"] == "adam_s0"
 
@@ -219,7 +220,7 @@ def test_a_parked_copy_left_by_an_older_pack_is_refused_then_cleared_by_unpack(t
     )
     with pytest.raises(RunExistsError, match="--unpack"):
         check_run_dir(run, resume=True, restart=False)
-    assert pack.main(["--unpack", str(run)]) == 0
+    assert pack_cli.main(["--unpack", str(run)]) == 0
     assert not (run / "metrics.jsonl.gz").exists() and len(read_metrics(run / "metrics.jsonl")) == 5
     assert check_run_dir(run, resume=True, restart=False) == "resume"
 

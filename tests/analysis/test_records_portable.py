@@ -24,7 +24,7 @@ def test_tracked_records_hold_no_absolute_machine_path(monkeypatch):
                     found.append(f"{path}:{number}: {line[max(0, match.start() - 40) : match.end() + 40]}")
     assert not found, (
         f"{len(found)} record line(s) name an absolute machine folder; the writers store paths relative "
-        "to $CURVOPT_DATA_DIR and the repository (`python -m curvopt.analysis.portable results` rewrites "
+        "to $CURVOPT_DATA_DIR and the repository (`python -m experiments.portable results` rewrites "
         "old records):\n" + "\n".join(found[:20])
     )
 

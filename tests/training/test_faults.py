@@ -309,7 +309,7 @@ def test_a_parked_run_resumes_with_every_row(tmp_path, capsys):
     """A paused run committed with gzipped metrics (``pack --park``) resumes with its rows
     unparked: the finished file equals that of the same run extended without parking; a run dir
     holding both files is refused before anything changes."""
-    from curvopt.analysis.pack import main as pack_main
+    from experiments.pack import main as pack_main
 
     _run(tmp_path, ["optimizer=adam", "run_id=plain", "trainer.max_steps=4"])
     plain = _run(tmp_path, ["optimizer=adam", "run_id=plain", "trainer.max_steps=8", "trainer.resume=true"])
@@ -606,6 +606,7 @@ def test_a_packed_run_is_refused_until_unpacked_then_extended_with_every_row(tmp
     run id (resume, restart or a new run) with the unpack command; after ``--unpack`` the extended
     run's records hold every row."""
     from curvopt.analysis import pack
+    from experiments import pack as pack_cli
 
     first = ["optimizer=adam", "run_id=r", "trainer.max_steps=4"]
     _run(tmp_path, first, cli=first)
@@ -617,11 +618,11 @@ def test_a_packed_run_is_refused_until_unpacked_then_extended_with_every_row(tmp
         with pytest.raises(RunExistsError, match=r"--unpack .*t/r"):  # a BadInputError: exit 2
             _run(tmp_path, more + flags, cli=more + flags)
     assert [r["run_id"] for r in pack.read_packed_runs(exp)] == ["r"]  # nothing was written
-    assert pack.main(["--unpack", str(exp / "r")]) == 0
+    assert pack_cli.main(["--unpack", str(exp / "r")]) == 0
     extend = more + ["trainer.resume=true"]
     assert _run(tmp_path, extend, cli=extend)["steps"] == 8
     pack.pack_experiment(exp)
-    assert pack.main(["--unpack", str(exp / "r")]) == 0  # the packed rows, as the run wrote them
+    assert pack_cli.main(["--unpack", str(exp / "r")]) == 0  # the packed rows, as the run wrote them
     rows = comparable_rows(read_metrics(exp / "r" / "metrics.jsonl"))
     assert sorted({r["step"] for r in rows}) == list(range(9))
     assert rows[: len(rows_before)] == rows_before

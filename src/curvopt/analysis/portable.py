@@ -1,7 +1,8 @@
 """Rewrite the absolute folders in tracked run records as portable names (once, then checked).
 
-    python -m curvopt.analysis.portable results            # rewrite in place, list the files changed
-    python -m curvopt.analysis.portable results --check    # list them, change nothing (exit 1 if any)
+The command line is ``python -m experiments.portable`` (:mod:`experiments.portable`); this module
+holds what it and the record test use: :data:`KNOWN_ROOTS`, :func:`roots`, :func:`tracked_records`
+and :data:`ABSOLUTE_PATH`.
 
 Run records used to name the folders of the machine that wrote them (``paths.data_dir:
 /work/shared/data``, ``paths.results_dir=/work/main/results`` in ``overrides.yaml``, a data
@@ -15,14 +16,11 @@ a file stays as it was. ``tests/analysis/test_records_portable.py`` fails when a
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from curvopt.training.records import path_roots, portable_paths
+from curvopt.training.records import path_roots
 
 # folders of the machines that wrote the committed records: the working checkout and its data
 # folder, the GPU machine's checkout, virtual environment, temporary and home folders
@@ -61,39 +59,3 @@ def roots() -> list[tuple[str, str]]:
     for folder, name in path_roots():
         merged.setdefault(folder, name)
     return sorted(merged.items(), key=lambda item: -len(item[0]))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: rewrite (or ``--check``) the tracked records under a folder.
-
-    Args:
-        argv: The folder (``results``) and ``--check``; ``None``: ``sys.argv[1:]``.
-
-    Returns:
-        0, or 1 with ``--check`` when a file would change.
-    """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", nargs="?", default="results")
-    parser.add_argument(
-        "--check", action="store_true", help="list the files that would change; change nothing"
-    )
-    args = parser.parse_args(argv)
-    known = roots()
-    changed = []
-    for path in tracked_records(Path(args.root)):
-        if not path.exists():
-            continue
-        text = path.read_text()
-        new = portable_paths(text, known)
-        if new != text:
-            changed.append(path)
-            if not args.check:
-                path.write_text(new)
-    for path in changed:
-        print(path)
-    print(f"{len(changed)} file(s) {'would change' if args.check else 'rewritten'}", file=sys.stderr)
-    return 1 if args.check and changed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

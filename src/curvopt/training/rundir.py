@@ -11,7 +11,7 @@ loaded, :func:`check_run_dir` decides from its files what the command may do wit
   message that says which flag does what.
 * a run id whose rows were packed into its experiment directory (``metrics.parquet``,
   :mod:`curvopt.analysis.pack`) is refused whatever the flags, until
-  ``python -m curvopt.analysis.pack --unpack <run_dir>`` brings its rows back: a run continued
+  ``python -m experiments.pack --unpack <run_dir>`` brings its rows back: a run continued
   or started there would otherwise replace the packed rows at the next packing.
 
 On resume the run's saved ``config.yaml`` is its config (:func:`resume_config`): the command
@@ -88,7 +88,7 @@ ENVIRONMENT_KEYS = (
     "trainer.progress_log_every_s",
 )
 # the run directory's names: the command found the run by them (a run moved with
-# `python -m curvopt.analysis.pack --move` is resumed under its new names)
+# `python -m experiments.pack --move` is resumed under its new names)
 DIRECTORY_KEYS = ("run_id", "experiment_name")
 # config groups whose choice is part of the environment (not of the run)
 ENVIRONMENT_GROUPS = ("logger", "paths", "trainer")
@@ -295,14 +295,14 @@ def _refuse_packed(run_dir: Path, resume: bool, restart: bool) -> None:
 
     A resumed or new run there would write a metrics file that holds only its own rows, and
     packing again would replace the packed run with it: the earlier rows would be lost. The rows
-    come back first with ``python -m curvopt.analysis.pack --unpack <run_dir>``.
+    come back first with ``python -m experiments.pack --unpack <run_dir>``.
 
     Raises:
         RunExistsError: ``run_dir``'s run id is in its experiment's pack.
     """
     if run_dir.name not in packed_run_ids(run_dir.parent):
         return
-    unpack = f"python -m curvopt.analysis.pack --unpack {run_dir}"
+    unpack = f"python -m experiments.pack --unpack {run_dir}"
     where = f"the records of run {run_dir.name} are packed in {run_dir.parent} (metrics.parquet, runs.jsonl)"
     if resume:
         todo = f"unpack them first ({unpack}), then resume with the same command"

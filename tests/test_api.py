@@ -52,12 +52,13 @@ def test_methods_and_data_do_not_import_training(package: str) -> None:
     assert not offenders, f"curvopt/{package} must depend on curvopt.api, not the loop: {offenders}"
 
 
-def test_training_reexports_the_contract() -> None:
-    import curvopt.api as api
+def test_the_contract_has_one_home() -> None:
+    """The contract types live in curvopt.api only; training.algorithm no longer re-exports them
+    (issue 45: the compatibility shim is gone, every caller imports curvopt.api)."""
     from curvopt.training import algorithm
 
-    for name in ("Algorithm", "AlgorithmBase", "Batch", "DataBundle"):
-        assert getattr(algorithm, name) is getattr(api, name)
+    assert not set(algorithm.__all__) & {"Algorithm", "AlgorithmBase", "Batch", "DataBundle"}
+    assert not hasattr(algorithm, "Algorithm") and not hasattr(algorithm, "DataBundle")
 
 
 def test_optim_all_resolves() -> None:

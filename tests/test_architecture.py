@@ -126,3 +126,18 @@ def test_the_test_tree_mirrors_the_code() -> None:
         elif not (tests / rel.parts[0] / "__init__.py").exists():
             misplaced.append(f"{rel}: tests/{rel.parts[0]}/ needs an __init__.py (unique module names)")
     assert not misplaced, "\n".join(misplaced)
+
+
+def test_the_training_loop_imports_without_the_config_stack() -> None:
+    """A library user's own script runs curvopt.training.loop without Hydra or omegaconf (issue 45)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, curvopt.training.loop; "
+        "print(sorted(m for m in ('omegaconf', 'hydra') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

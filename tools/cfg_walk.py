@@ -190,13 +190,14 @@ def install(walk: Walk, typed: bool) -> Callable[[], None]:
 
 def typed_classes() -> list[type]:
     """The config's typed forms in the imported code: the dataclasses of ``curvopt.training.schema``
-    (and the older ``curvopt.training.loop.LoopConfig``)."""
-    from curvopt.training import loop, schema
+    and ``curvopt.training.trainer_config`` (and the older ``curvopt.training.loop.LoopConfig``)."""
+    from curvopt.training import loop, schema, trainer_config
 
     found = [
         v
-        for v in vars(schema).values()
-        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == schema.__name__
+        for module in (schema, trainer_config)
+        for v in vars(module).values()
+        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == module.__name__
     ]
     if dataclasses.is_dataclass(getattr(loop, "LoopConfig", None)):
         found.append(loop.LoopConfig)

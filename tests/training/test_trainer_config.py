@@ -112,14 +112,16 @@ def test_distribute_refuses_an_own_algorithm_under_torchrun():
 
 
 def test_the_config_enters_the_build_once_and_leaves_once():
-    """tools/cfg_walk.py on a tiny run: RunSettings (schema.py) reads the config, the build reads
-    the checked values, the loop reads TrainerConfig; no file is visited twice."""
+    """tools/cfg_walk.py on a tiny run: TrainerConfig (trainer_config.py, built by RunSettings in
+    schema.py) reads and checks the trainer node, RunSettings the rest, the build reads the checked
+    values, the loop reads TrainerConfig; no file is visited twice."""
     from tools.cfg_walk import measure
 
     result = measure([*TINY_RUN, "optimizer=adam", "trainer.max_steps=2", "trainer.eval_every=1"])
     assert result["summary"]["status"] == "completed"
     files = [stay["file"] for stay in result["walk"]]
     assert files == [
+        "src/curvopt/training/trainer_config.py",
         "src/curvopt/training/schema.py",
         "src/curvopt/training/build.py",
         "src/curvopt/training/loop.py",

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Algorithm and DataBundle only for training/loop.py, until it imports them from curvopt.api
-from curvopt.api import Algorithm, AlgorithmBase, Batch, DataBundle  # noqa: F401
+from curvopt.api import AlgorithmBase, Batch
 from curvopt.objective import Objective
 
 __all__ = ["TorchOptimizerAlgorithm"]

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
+from curvopt.api import Algorithm, DataBundle
 from curvopt.errors import CorruptCheckpointError, NoCheckpointError
 from curvopt.objective import Objective
-from curvopt.training.algorithm import Algorithm, DataBundle
 from curvopt.training.checkpoint import (
     CHECKPOINT_NAME,
     CHECKSUM_NAME,
@@ -55,9 +55,9 @@ from curvopt.training.distributed import SINGLE, DistInfo, all_reduce, gather_ob
 from curvopt.training.evaluation import evaluate_split
 from curvopt.training.records import RunRecorder
 from curvopt.training.sampler import BatchSampler, shard
-from curvopt.training.schema import TrainerConfig
 from curvopt.training.signals import StopSignals
 from curvopt.training.tracking import NullTracker
+from curvopt.training.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 

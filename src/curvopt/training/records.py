@@ -232,9 +232,13 @@ def portable_config_yaml(config_yaml: str, data_dir: str | Path | None = None) -
     walk(data)
     if not changed:
         return config_yaml
-    from omegaconf import OmegaConf
+    # OmegaConf.to_yaml's own dump of a plain container (its dumper quotes what OmegaConf would read
+    # back as another type), without building a DictConfig: the run's config is not read here
+    from omegaconf._utils import get_omega_conf_dumper
 
-    return OmegaConf.to_yaml(OmegaConf.create(data))
+    return yaml.dump(
+        data, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=get_omega_conf_dumper()
+    )
 
 
 def portable_record(value: Any, roots: list[tuple[str, str]] | None = None) -> Any:

@@ -9,7 +9,8 @@ seed-mean of the best validation metric within the budget); its seeds then give:
 * the best validation metric within the budget (mean over seeds, and the spread), the test metric at
   that evaluation where the task has a test split;
 * the algorithm CPU time and the work to reach the task's shared target, the worst of the methods'
-  best values among the methods that improved on the initial value (so every such method reaches it);
+  best values among the methods that made at least half of the largest improvement over the initial
+  value (:func:`shared_target`);
   ``not reached`` counts the seeds that did not;
 * the work done within the budget; peak process memory. Work is counted in gradient-equivalent
   example evaluations (:func:`step_work`); optimizer-state bytes are not in the run records.
@@ -156,26 +157,31 @@ def first_reach(x: np.ndarray, values: np.ndarray, target: float, mode: str) -> 
     return float(x[idx[0]]) if idx.size else math.nan
 
 
-def shared_target(best: dict[str, float], initial: dict[str, float], mode: str) -> float:
-    """The task's target: the worst of the methods' best values, among the methods whose best improved
-    on their initial value (a method that never moved would make the target trivial).
+def shared_target(best: dict[str, float], initial: dict[str, float], mode: str, share: float = 0.5) -> float:
+    """The task's target: the worst best value among the methods that made at least ``share`` of the
+    largest improvement over the initial value (a method that hardly moved would make the target
+    trivial for every other method; so the target is "the slowest method's best" among the methods
+    that trained).
 
     Args:
         best: ``{method: seed-mean best value}``.
         initial: ``{method: seed-mean value at step 0}``.
         mode: ``min`` or ``max``.
+        share: The fraction of the best method's improvement a method must reach to set the target.
 
     Returns:
         The target, NaN without any improving method.
     """
-    moved = [
-        v
-        for m, v in best.items()
-        if np.isfinite(v) and np.isfinite(initial.get(m, math.nan)) and _better(v, initial[m], mode)
-    ]
-    if not moved:
+    gains = {}
+    for m, v in best.items():
+        v0 = initial.get(m, math.nan)
+        if np.isfinite(v) and np.isfinite(v0):
+            gains[m] = (v0 - v) if mode == "min" else (v - v0)
+    top = max(gains.values(), default=math.nan)
+    if not np.isfinite(top) or top <= 0:
         return math.nan
-    return max(moved) if mode == "min" else min(moved)
+    kept = [best[m] for m, g in gains.items() if g > 0 and g >= share * top]
+    return max(kept) if mode == "min" else min(kept)
 
 
 def select_trial(per_trial: dict[str, list[float]], mode: str) -> str | None:
@@ -462,7 +468,7 @@ def build(
             f"{len(plan.get('trials', []))} trials per method ({', '.join(plan.get('trials', []))}: t0 = the method's "
             f"paper default), chosen on validation ({plan['metric']}, {plan['mode']})",
             f"shared target: {plan['metric']} = {_fmt(info['target'])} (the worst best value among the methods "
-            "that improved on their initial value)",
+            "with at least half of the largest improvement over the initial value)",
         ]
         if rank_line:
             notes.append(f"ranking by best validation {plan['metric']}: {rank_line}")

@@ -136,10 +136,15 @@ def test_best_within_budget_and_first_reach():
     assert rc.first_reach([0, 1, 2], [0.2, 0.5, 0.9], 0.5, "max") == 1.0
 
 
-def test_shared_target_is_the_worst_best_among_methods_that_moved():
+def test_shared_target_is_the_worst_best_among_methods_that_trained():
     best = {"a": 1.0, "b": 3.0, "stuck": 10.0}
     initial = {"a": 10.0, "b": 10.0, "stuck": 10.0}
     assert rc.shared_target(best, initial, "min") == 3.0
+    # a method with less than half of the best improvement (10 -> 8 against 10 -> 1) does not set it
+    assert (
+        rc.shared_target({"a": 1.0, "b": 3.0, "slow": 8.0}, {"a": 10.0, "b": 10.0, "slow": 10.0}, "min")
+        == 3.0
+    )
     assert rc.shared_target({"a": 0.9, "b": 0.8}, {"a": 0.1, "b": 0.1}, "max") == 0.8
     assert math.isnan(rc.shared_target({"a": 5.0}, {"a": 5.0}, "min"))
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from curvopt.optim.alice import (
+from curvopt.optim.alice import Alice, alice0
+from curvopt.optim.alice_basis import (
     SEED_STRIDE,
-    Alice,
-    alice0,
     compensation_explicit,
     sample_indices,
     switch_basis,
@@ -520,7 +519,7 @@ def test_foreach_loops_the_ablations_it_does_not_batch():
 
 
 def test_foreach_chunks_agree_with_one_chunk(monkeypatch):
-    import curvopt.optim.racs as racs_mod  # the chunking helper Alice shares with RACS
+    import curvopt.optim.matrix as racs_mod  # the chunking helper Alice shares with RACS
 
     _, one, _, _ = _foreach_pair(torch.float64)
     monkeypatch.setattr(racs_mod, "FOREACH_CHUNK_NUMEL", 120)  # one 8x14 matrix per chunk

@@ -22,7 +22,8 @@ from torch._dynamo import config as dynamo_config
 
 from curvopt.errors import NonFiniteError
 from curvopt.optim import build_optimizer
-from curvopt.optim.alice import Alice, canonical_signs
+from curvopt.optim.alice import Alice
+from curvopt.optim.alice_basis import canonical_signs
 from curvopt.optim.grouping import optimizer_state_bytes
 from curvopt.optim.racs import RACS
 from curvopt.profiling import DispatchCounter, HostReadError, fake_cuda

@@ -768,6 +768,7 @@ def test_lowrank_state_loads_weights_only_with_safe_globals():
 
 # -------------------------------------------------------------------------- docs and tables
 DOCTEST_MODULES = (
+    "matrix",
     "racs",
     "alice",
     "fosi.optimizer",

@@ -316,7 +316,7 @@ def test_foreach_adam_group_is_the_loops_arithmetic():
 
 def test_foreach_chunks_agree_with_one_chunk(monkeypatch):
     """Buckets larger than FOREACH_CHUNK_NUMEL are split; chunk sizes do not change the step."""
-    import curvopt.optim.racs as racs_mod
+    import curvopt.optim.matrix as racs_mod
 
     _, one, _, _ = _run_pair(torch.float64)
     monkeypatch.setattr(racs_mod, "FOREACH_CHUNK_NUMEL", 60)  # one 6x9 matrix per chunk

@@ -45,7 +45,7 @@ _EXPORTS: dict[str, str] = {
     "KFAC": "kfac",
     "build_kfac": "kfac",
     # RACS and Alice
-    "MatrixOptimizer": "racs",
+    "MatrixOptimizer": "matrix",
     "RACS": "racs",
     "Alice": "alice",
     "alice0": "alice",
@@ -96,7 +96,8 @@ if TYPE_CHECKING:
     from curvopt.optim.hf_cg import HFCG, build_hf_cg
     from curvopt.optim.kfac import KFAC, build_kfac
     from curvopt.optim.lowrank import apollo, fira, galore
-    from curvopt.optim.racs import RACS, MatrixOptimizer
+    from curvopt.optim.matrix import MatrixOptimizer
+    from curvopt.optim.racs import RACS
     from curvopt.optim.sgn import SGN, build_sgn
     from curvopt.optim.shf import SHF, build_shf
 

@@ -392,3 +392,11 @@ def test_trainer_settings_have_one_source():
         assert not hasattr(schema, gone) and not hasattr(loop, gone), gone
     # the list default is handed out fresh, so one run's config cannot change the next one's
     assert TrainerConfig().eval_splits is not TrainerConfig().eval_splits
+
+
+def test_the_config_map_is_current():
+    """docs/configs.md (each paper's experiment, per-optimizer and shared config files, and how a run
+    is composed) is generated from conf/ by tools/config_map.py; it must not drift."""
+    from tools.config_map import OUT, build
+
+    assert OUT.read_text() == build(), "docs/configs.md is out of date: run python tools/config_map.py"

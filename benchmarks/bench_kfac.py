@@ -6,11 +6,13 @@
 For each Kronecker block of the convolutional autoencoder (CIFAR-10 shapes, random inputs), one
 capture forward, then, interleaved and median over rounds:
 
-* ``reference``: ``rows = _rows_A(block)`` (``F.unfold`` of the zero-dilated input for transposed
-  convolutions, a transposed copy, a concatenated column of ones) and ``rows.t() @ rows / M``:
-  the factor as the module defines it and as it was computed before the fast path;
-* ``fast``: ``KFAC._input_factor`` (channels-last patches gathered once, the bias from column sums,
-  and for strided transposed convolutions only the taps that meet input pixels);
+* ``reference``: ``rows = activation_rows(...)`` (``F.unfold`` of the zero-dilated input for
+  transposed convolutions, a transposed copy, a concatenated column of ones) and
+  ``rows.t() @ rows / M``: the factor as the module defines it and as it was computed before the
+  fast path;
+* ``fast``: ``input_factor`` (both in ``curvopt.curvature.kfac_factors``: channels-last patches
+  gathered once, the bias from column sums, and for strided transposed convolutions only the taps
+  that meet input pixels);
 * ``quad model``: the 2×2 curvature matrix of the adaptive lr/momentum fit, from two GGN-vector
   products (JVP + VJP each, as before) against ``Objective.ggn_gram`` (two JVPs);
 * ``step``: one whole K-FAC step (adaptive lr/momentum, factors every step), for the share.
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from curvopt.curvature.kfac_factors import activation_rows, input_factor
 from curvopt.models.conv_ae import conv_autoencoder
 from curvopt.objective import Objective
 from curvopt.optim.kfac import KFAC
@@ -65,22 +68,25 @@ def main(argv: list[str] | None = None) -> dict:
     blocks = [b for b in kfac.blocks if b.kind != "diag"]
 
     def reference(b):
-        rows = kfac._rows_A(b)
+        rows = activation_rows(b.kind, b.module, b.inputs, b.has_bias)
         return rows.t() @ rows / rows.shape[0]
+
+    def fast(b):
+        return input_factor(b.kind, b.module, b.inputs, b.has_bias)
 
     per_block = []
     for b in blocks:
         ref_t, fast_t = [], []
         for _ in range(args.rounds):
             ref_t.append(_timed(lambda b=b: reference(b)))
-            fast_t.append(_timed(lambda b=b: kfac._input_factor(b)))
-        err = float((reference(b) - kfac._input_factor(b)).abs().max())
+            fast_t.append(_timed(lambda b=b: fast(b)))
+        err = float((reference(b) - fast(b)).abs().max())
         scale = float(reference(b).abs().max())
         per_block.append(
             {
                 "block": b.name,
                 "kind": b.kind,
-                "dim": int(kfac._input_factor(b).shape[0]),
+                "dim": int(fast(b).shape[0]),
                 "reference_s": statistics.median(ref_t),
                 "fast_s": statistics.median(fast_t),
                 "max_abs_diff_rel": err / scale if scale else err,

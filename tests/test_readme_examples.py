@@ -15,7 +15,7 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 HEADING = "## Use it in your own loop"
 # blocks that are sketches, not programs (names they use are defined by the reader): fix and remove
-SKETCHES = {("docs/fosi.md", 0): "uses model, x_ese, loader the reader defines"}
+SKETCHES: dict[tuple[str, int], str] = {}
 
 
 def python_blocks(path: Path) -> list[str]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU slice of tools/gpu_queue.yaml: the single command of a device call (docs/cluster.md, 5).
+# One GPU slice of tools/gpu/gpu_queue.yaml: the single command of a device call (docs/cluster.md, 5).
 #
 #   bash tools/gpu_slice.sh [ITEM]        # ITEM: a slice id; default gpu_carry/plan.json's, else the
 #                                         # first slice without a `done` row in docs/gpu_ledger.md
@@ -16,4 +16,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
-exec "${PYTHON:-python3}" tools/gpu_slice.py run "$@"
+exec "${PYTHON:-python3}" -m tools.gpu run "$@"

@@ -1,4 +1,4 @@
-"""tools/gpu_session.sh, the GPU checklist script: its CPU-checkable parts (refusals, the run
+"""tools/gpu/session.sh, the GPU checklist script: its CPU-checkable parts (refusals, the run
 queue of the background MNIST runs, the pack of what a session wrote)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "gpu_session.sh"
+SCRIPT = ROOT / "tools" / "gpu" / "session.sh"
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash script")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "gpu_slice.py"
+TOOL = ROOT / "tools" / "gpu" / "slice.py"
 SCRIPT = ROOT / "tools" / "gpu_slice.sh"
 TREE_LIMIT_BYTES = 44_000_000  # the device call carries the tree: 64 MiB with data, wheels, checkpoints
 

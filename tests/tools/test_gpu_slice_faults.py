@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "gpu_slice.py"
+TOOL = ROOT / "tools" / "gpu" / "slice.py"
 RUN = "results/gpu_selftest/default/adam_quick_s0_long"
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash, POSIX paths")

@@ -1,4 +1,4 @@
-"""tools/wheelhouse.py plans the right set of wheels (dry run: no downloads)."""
+"""tools/gpu/wheelhouse.py plans the right set of wheels (dry run: no downloads)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "wheelhouse.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "wheelhouse.py"
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,24 @@
 # (docs/cluster.md, section 6). Run from the repository root on a CUDA machine you keep a shell on;
 # for the one-command device calls of a lent GPU use tools/gpu_slice.sh (section 5):
 #
-#   bash tools/gpu_session.sh smoke            # every *_paper experiment a few steps (make gpu-smoke)
-#   bash tools/gpu_session.sh bench            # the GPU benchmarks -> results/benchmarks/cuda/
-#   bash tools/gpu_session.sh shf-start 0 1 2  # MNIST paper runs of SHF-LSMR and HF-CG, these seeds, in the background
-#   bash tools/gpu_session.sh status           # progress of the background runs
-#   bash tools/gpu_session.sh pack [DIR]       # what this session wrote under results/ -> DIR/results.tgz
+#   bash tools/gpu/session.sh smoke            # every *_paper experiment a few steps (make gpu-smoke)
+#   bash tools/gpu/session.sh bench            # the GPU benchmarks -> results/benchmarks/cuda/
+#   bash tools/gpu/session.sh shf-start 0 1 2  # MNIST paper runs of SHF-LSMR and HF-CG, these seeds, in the background
+#   bash tools/gpu/session.sh status           # progress of the background runs
+#   bash tools/gpu/session.sh pack [DIR]       # what this session wrote under results/ -> DIR/results.tgz
 #
 # Stages can be chained (`smoke bench`). Every call installs the offline wheelhouse first when Hydra
 # is missing (`wheelhouse/`, made by `make wheelhouse`; docs/cluster.md, section 1), into
 # $GPU_SESSION_DIR/site, so the node's own torch and transformers stay untouched.
 #
-# Environment: SMOKE_ARGS (arguments of experiments.gpu_smoke; default --jobs 4), PACK_CHECKPOINTS=1
+# Environment: SMOKE_ARGS (arguments of tools.gpu.smoke; default --jobs 4), PACK_CHECKPOINTS=1
 # (also pack the checkpoints of unfinished runs, in 15 MB parts), CURVOPT_DATA_DIR (the data directory; default ./data), GPU_SESSION_DIR (logs,
 # installed wheels and the session's start stamp; default /tmp/curvopt_gpu_session), SHF_JOBS (how
 # many MNIST runs share the GPU at once; default 2: their wall-clock axes are then contended, and
 # results/gpu_smoke/cuda/gpu_session.jsonl records which ran together).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 SESSION="${GPU_SESSION_DIR:-/tmp/curvopt_gpu_session}"
 mkdir -p "$SESSION/logs"
@@ -60,7 +60,7 @@ stage_smoke() {
     # several entries at once (SMOKE_ARGS, default --jobs 4): pass/fail is the point here, the
     # benchmarks are the timings; a single entry's step time is then contended
     # shellcheck disable=SC2086
-    "$PY" -m experiments.gpu_smoke ${SMOKE_ARGS:---jobs 4} 2>&1 | tee "$SESSION/logs/smoke.log" || true
+    "$PY" -m tools.gpu.smoke ${SMOKE_ARGS:---jobs 4} 2>&1 | tee "$SESSION/logs/smoke.log" || true
     ledger smoke end
 }
 
@@ -105,7 +105,7 @@ stage_shf_start() {
                 printf "{\"time\": \"%s\", \"event\": \"run-end\", \"detail\": \"%s seed %s\"}\n" "$(date -u +%FT%TZ)" "$opt" "$seed" >>"$3"
             done' "$ROOT" "$SESSION" "$w" "$(realpath -m "$LEDGER")" "$PY" >/dev/null 2>&1 &
     done
-    log "started; 'bash tools/gpu_session.sh status' shows their progress"
+    log "started; 'bash tools/gpu/session.sh status' shows their progress"
 }
 
 stage_status() {

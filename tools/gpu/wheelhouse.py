@@ -3,11 +3,11 @@
 Many cluster GPU nodes have no internet. Run this where PyPI is reachable, copy the folder over,
 and install from it with no index (docs/cluster.md):
 
-    python tools/wheelhouse.py                                   # Python 3.12, manylinux x86-64
-    python tools/wheelhouse.py --python-version 3.11 --platform manylinux_2_17_x86_64 --dest wh311
-    python tools/wheelhouse.py --with wandb --with submitit      # optional extras
-    python tools/wheelhouse.py --have bitsandbytes --dry-run     # the target already has it
-    python tools/wheelhouse.py --only hydra-core,omegaconf --dest wheelhouse/gpu   # just these (+ deps)
+    python tools/gpu/wheelhouse.py                                   # Python 3.12, manylinux x86-64
+    python tools/gpu/wheelhouse.py --python-version 3.11 --platform manylinux_2_17_x86_64 --dest wh311
+    python tools/gpu/wheelhouse.py --with wandb --with submitit      # optional extras
+    python tools/gpu/wheelhouse.py --have bitsandbytes --dry-run     # the target already has it
+    python tools/gpu/wheelhouse.py --only hydra-core,omegaconf --dest wheelhouse/gpu   # just these (+ deps)
     # on the node:
     pip install --no-index --no-deps --find-links wheelhouse -r wheelhouse/requirements.txt
 
@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - pip always vendors it
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Never downloaded: the target installs the CUDA build of torch itself (and its CUDA libraries).
 NEVER = {"torch", "triton", "torchvision", "torchaudio"}
@@ -247,7 +247,7 @@ def plan_roots(args: argparse.Namespace) -> tuple[list[tuple[str, str]], set[str
     wanted = {_canon(n) for g in args.with_ for n in OPTIONAL[g]}
     skip |= optional - wanted  # also as dependencies of what is downloaded
     only = [_canon(n) for item in getattr(args, "only", []) for n in item.split(",") if n.strip()]
-    if only:  # just these (and what they need): tools/gpu_slice.py carries a slice's few wheels
+    if only:  # just these (and what they need): tools/gpu (make gpu-carry) carries a slice's few wheels
         return [(n, "--only") for n in only], skip - set(only)
     listed = requirement_names(Path(args.requirements))
     roots = [
@@ -368,13 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
         default=[],
         metavar="NAME[,NAME]",
         help="only these packages and their dependencies (same exclusions), not requirements.txt "
-        "(tools/gpu_slice.py: a GPU slice's wheels)",
+        "(make gpu-carry: a GPU slice's wheels)",
     )
     parser.add_argument(
         "--no-assume-present",
         dest="assume_present",
         action="store_false",
-        help="do not skip the packages CUDA images usually have (tools/wheelhouse.py USUALLY_PRESENT)",
+        help="do not skip the packages CUDA images usually have (tools/gpu/wheelhouse.py USUALLY_PRESENT)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the plan from local metadata, download nothing"

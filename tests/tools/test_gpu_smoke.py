@@ -1,4 +1,4 @@
-"""experiments/gpu_smoke.py: the smoke list covers every paper experiment, every entry's overrides
+"""tools/gpu/smoke.py: the smoke list covers every paper experiment, every entry's overrides
 compose, and a short version of the list runs (CPU mode, 2 steps) with every entry passing."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import gpu_smoke
 from tests.conftest import CONF_DIR, REPO_ROOT, data_dir
+from tools.gpu import smoke as gpu_smoke
 
 
 def test_list_covers_every_paper_experiment():

@@ -1,9 +1,9 @@
 """GPU smoke test: every paper experiment runs a few steps; one JSON + one Markdown table.
 
-    python -m experiments.gpu_smoke                 # CUDA when present, else the same list on the CPU
-    python -m experiments.gpu_smoke --quick         # the short list (tests/experiments/test_gpu_smoke.py runs it)
-    python -m experiments.gpu_smoke --only 'llama60m_*' --steps 20
-    python -m experiments.gpu_smoke --list          # the entries and their commands; runs nothing
+    python -m tools.gpu.smoke                 # CUDA when present, else the same list on the CPU
+    python -m tools.gpu.smoke --quick         # the short list (tests/tools/test_gpu_smoke.py runs it)
+    python -m tools.gpu.smoke --only 'llama60m_*' --steps 20
+    python -m tools.gpu.smoke --list          # the entries and their commands; runs nothing
 
 ``make gpu-smoke`` / ``make gpu-smoke-quick`` call this. ``ENTRIES`` is the one list: per paper the
 runs that matter on a GPU node (SHF-LSMR and HF-CG on USPS, MNIST and CURVES; FGN Figure 2a with
@@ -13,7 +13,7 @@ APOLLO in bf16, the larger LLaMA configs, one ``torchrun --nproc_per_node 1`` DD
 a subprocess: ``src/train.py`` with the experiment's Hydra overrides plus ``run_id=<entry>
 logger=none trainer.max_steps=<steps> trainer.eval_every=<steps>`` (evaluation at step 0 and at the
 end), no checkpoints, run directories under ``<out>/<device>/runs/`` (git-ignored). The test
-``tests/experiments/test_gpu_smoke.py`` checks that the list covers every ``conf/experiment/*_paper.yaml``.
+``tests/tools/test_gpu_smoke.py`` checks that the list covers every ``conf/experiment/*_paper.yaml``.
 
 Per entry: ``pass`` / ``fail`` (with the traceback's tail) / ``skipped`` (the run stopped before
 training because its data are missing: exit code 2 of ``src/train.py``, e.g. Cars196 features,
@@ -50,7 +50,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO_ROOT / "conf"
 TRAIN = "src/train.py"
 
@@ -268,7 +268,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
 )
 
-# The short list (tests/experiments/test_gpu_smoke.py, make gpu-smoke-quick): one entry per paper, cheap on a CPU.
+# The short list (tests/tools/test_gpu_smoke.py, make gpu-smoke-quick): one entry per paper, cheap on a CPU.
 QUICK = ("shf_usps_shf_lsmr", "fgn_fig3_fgn_synthetic", "fosi_lr_fosi_hb", "llama60m_adam")
 
 
@@ -312,7 +312,7 @@ def command(entry: Entry, mode: str, steps: int, work: Path) -> list[str]:
     whether the run stopped on missing data (a ``DataNotFoundError``: skipped, not failed) and the
     peak memory; ``shown()`` prints the command without it."""
     py = sys.executable
-    wrap = ["-m", "experiments.gpu_smoke", "--wrap", str(work / "wrap.json")]
+    wrap = ["-m", "tools.gpu.smoke", "--wrap", str(work / "wrap.json")]
     if entry.script:
         return [py, *wrap, entry.script, *entry_args(entry, mode), "--results-dir", str(work / "records")]
     run = [
@@ -341,7 +341,7 @@ def shown(cmd: list[str]) -> str:
     torch.distributed.run`` shown as ``torchrun``."""
     root = str(REPO_ROOT) + os.sep
     parts = ["python" if c == sys.executable else c.replace(root, "") for c in cmd]
-    if "--wrap" in parts:  # [..., -m, experiments.gpu_smoke, --wrap, OUT, SCRIPT, ...]
+    if "--wrap" in parts:  # [..., -m, tools.gpu.smoke, --wrap, OUT, SCRIPT, ...]
         i = parts.index("--wrap")
         script = parts[i + 2]
         module = driver_module(script)
@@ -736,7 +736,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
         "git_commit": _git_commit(),
-        "invocation": " ".join(["python -m experiments.gpu_smoke", *argv]),
+        "invocation": " ".join(["python -m tools.gpu.smoke", *argv]),
         "counts": counts,
         "entries": results,
     }

@@ -3,12 +3,12 @@
 A lent GPU machine runs ONE bash command per call (at most 10 minutes), sees only the working tree plus
 up to 8 carried ignored paths (64 MiB in all), keeps nothing afterwards, and returns at most 8 files
 (16 MiB each, 64 MiB together) through ``$OUT``. So the work is a queue of slices
-(``tools/gpu_queue.yaml``), each one call:
+(``tools/gpu/gpu_queue.yaml``), each one call:
 
-    python tools/gpu_slice.py list                  # the queue, each slice's GPU minutes and ledger status
-    python tools/gpu_slice.py carry [ITEM]          # here: gpu_carry/ (wheels, data, checkpoints) + the call
+    python -m tools.gpu list                        # the queue, each slice's GPU minutes and ledger status
+    python -m tools.gpu carry [ITEM]                # here: gpu_carry/ (wheels, data, checkpoints) + the call
     bash tools/gpu_slice.sh [ITEM]                  # there: the one command of the device call
-    python tools/gpu_slice.py unpack FROM           # here: verify, extract into results/, ledger, figures
+    python -m tools.gpu unpack FROM                 # here: verify, extract into results/, ledger, figures
 
 (``make gpu-queue``, ``make gpu-carry ITEM=...``, ``make gpu-slice ITEM=...``, ``make gpu-unpack
 FROM=...``.) Without ITEM the first slice (by ``order``) with no ``done`` row in ``docs/gpu_ledger.md``.
@@ -60,8 +60,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-QUEUE = REPO / "tools" / "gpu_queue.yaml"
+REPO = Path(__file__).resolve().parents[2]
+QUEUE = REPO / "tools" / "gpu" / "gpu_queue.yaml"
 LEDGER = REPO / "docs" / "gpu_ledger.md"
 CARRY = REPO / "gpu_carry"
 CACHE = Path(os.environ.get("GPU_SLICE_CACHE", REPO / "outputs" / "gpu_carry_cache"))
@@ -201,7 +201,7 @@ class Slice:
 
 
 def load_queue(path: Path | None = None) -> list[Slice]:
-    """The slices of ``tools/gpu_queue.yaml`` (or ``path``) in priority order (``order``)."""
+    """The slices of ``tools/gpu/gpu_queue.yaml`` (or ``path``) in priority order (``order``)."""
     import yaml
 
     path = Path(path or QUEUE)
@@ -256,7 +256,7 @@ def find_slice(slices: list[Slice], item: str) -> Slice:
 
 LEDGER_HEAD = """# GPU ledger
 
-One row per slice of `tools/gpu_queue.yaml` run on a lent GPU, appended by `make gpu-unpack`
+One row per slice of `tools/gpu/gpu_queue.yaml` run on a lent GPU, appended by `make gpu-unpack`
 (docs/cluster.md, section 5). `bash tools/gpu_slice.sh` without an ITEM runs the first slice of the
 queue with no `done` row; write a row with status `skip` by hand to pass a slice over. GPU minutes:
 the device call's lease when `make gpu-unpack GPU_MIN=...` gave it, else the command's own time.
@@ -361,11 +361,11 @@ def carry_wheels(names: list[str], dest: Path, dirs: list[Path], fetch: bool, lo
     missing = [n for n in names if _find_wheel(n, dirs) is None]
     if missing and fetch:
         target = REPO / "wheelhouse" / "gpu"
-        log(f"fetching {', '.join(missing)} into {target} (tools/wheelhouse.py --only)")
+        log(f"fetching {', '.join(missing)} into {target} (tools/gpu/wheelhouse.py --only)")
         done = subprocess.run(
             [
                 sys.executable,
-                str(REPO / "tools" / "wheelhouse.py"),
+                str(REPO / "tools" / "gpu" / "wheelhouse.py"),
                 "--only",
                 ",".join(missing),
                 "--dest",
@@ -375,7 +375,9 @@ def carry_wheels(names: list[str], dest: Path, dirs: list[Path], fetch: bool, lo
             text=True,
         )
         if done.returncode != 0:
-            raise SystemExit(f"tools/wheelhouse.py --only {','.join(missing)} failed:\n{done.stderr[-2000:]}")
+            raise SystemExit(
+                f"tools/gpu/wheelhouse.py --only {','.join(missing)} failed:\n{done.stderr[-2000:]}"
+            )
         dirs = [*dirs, target]
         missing = [n for n in names if _find_wheel(n, dirs) is None]
     if missing:
@@ -1108,7 +1110,7 @@ def prepare_work(work: Path) -> None:
                 "nothing was deleted. Point GPU_SLICE_TMP at a new or empty folder (default /tmp/gpu_slice)"
             )
     work.mkdir(parents=True, exist_ok=True)
-    (work / WORK_MARK).write_text("scratch of tools/gpu_slice.py run: deleted by the next slice\n")
+    (work / WORK_MARK).write_text("scratch of python -m tools.gpu run: deleted by the next slice\n")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,0 +1,7 @@
+"""``python -m tools.gpu list|carry|run|unpack|exec``: the GPU slices' command line (docs/cluster.md, 5)."""
+
+import sys
+
+from tools.gpu.slice import main
+
+sys.exit(main())

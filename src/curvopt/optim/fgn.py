@@ -108,6 +108,24 @@ def find_affine_head(model: nn.Module) -> AffineHead | None:
     return AffineHead(weight=linear.weight, bias=bias)
 
 
+def _step_stats(s: Tensor, a: Tensor, info: dict[str, Tensor], step_norm: Tensor) -> dict[str, Tensor]:
+    """The logged scalars of a step (module docstring), the same for both paths.
+
+    From the margins ``s``, their gradient ``a`` (before the closed form consumes it), the row-space
+    CG's ``info`` and ``‖d‖``.
+    """
+    xi = dispersion_from_gradient(a)
+    return {
+        "loss": F.softplus(s).mean(),
+        "cg_iters": info["iters"],
+        "cg_residual": info["rel_residual"],
+        "cg_breakdown": info["breakdown"],
+        "xi_mean": xi.mean(),
+        "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
+        "step_norm": step_norm,
+    }
+
+
 def affine_fgn_direction(
     weight: Tensor,
     bias: Tensor | None,
@@ -151,7 +169,6 @@ def affine_fgn_direction(
     b = h.shape[0]
     with torch.no_grad():
         s, a = margin_terms(z, y, inplace=True)  # z is consumed: it becomes a = ∇_z s
-        xi = dispersion_from_gradient(a)
         sqrt_q, r_tilde = fgn_weights(s, clamp)
         gram = affine_gram(h, a, sqrt_q, bias=bias is not None, blocks=gram_blocks)
         shift = b * damping
@@ -161,15 +178,7 @@ def affine_fgn_direction(
 
         u, info = row_space_cg(operator, r_tilde, tol=tol, maxiter=maxiter, early_exit=early_exit)
         ku = gram @ u
-        stats = {
-            "loss": F.softplus(s).mean(),
-            "cg_iters": info["iters"],
-            "cg_residual": info["rel_residual"],
-            "cg_breakdown": info["breakdown"],
-            "xi_mean": xi.mean(),
-            "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
-            "step_norm": torch.sqrt(torch.dot(u, ku).clamp_min(0)),  # ‖d‖² = uᵀKu
-        }
+        stats = _step_stats(s, a, info, torch.sqrt(torch.dot(u, ku).clamp_min(0)))  # ‖d‖² = uᵀKu
         ca = a.mul_((sqrt_q * u).unsqueeze(1))  # c ∘ A, in place: A is not needed any more
     return ca, stats
 
@@ -478,16 +487,8 @@ class FGN(GaussNewtonChecks, AlgorithmBase):
                 back = {name: torch.where(ok, t, 0.0) for name, t in back.items()}
             for name, p in params.items():
                 p.add_(back[name], alpha=-self.lr)
-            xi = dispersion_from_gradient(a)
-            stats = {
-                "loss": F.softplus(s).mean(),
-                "cg_iters": info["iters"],
-                "cg_residual": info["rel_residual"],
-                "cg_breakdown": info["breakdown"],
-                "xi_mean": xi.mean(),
-                "dropped_trace_mean": (torch.sigmoid(s) * xi).mean(),
-                "step_norm": torch.sqrt(sum(torch.vdot(t.reshape(-1), t.reshape(-1)) for t in back.values())),
-            }
+            step_norm = torch.sqrt(sum(torch.vdot(t.reshape(-1), t.reshape(-1)) for t in back.values()))
+            stats = _step_stats(s, a, info, step_norm)
         return self._finish(stats, flags, num_classes)
 
     # -- state ----------------------------------------------------------------------------------------

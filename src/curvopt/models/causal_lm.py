@@ -122,17 +122,11 @@ def llama_config(
     Returns:
         The ``transformers.LlamaConfig``.
     """
+    sizes = {key: value for key, value in locals().items() if key != "extra"}  # the arguments above
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        max_position_embeddings=max_position_embeddings,
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=initializer_range,
+        **sizes,
         hidden_act="silu",
         tie_word_embeddings=False,
         bos_token_id=0,

@@ -29,6 +29,7 @@ from curvopt.optim.checks import (
     optional,
     real,
     tuple_of,
+    typed,
 )
 
 NAN, INF = math.nan, math.inf
@@ -88,6 +89,27 @@ def test_tensor_values_are_read_on_the_cpu_and_not_on_meta():
 
 def test_undeclared_values_are_not_looked_at():
     check_hparams("X", {"lr": NONNEG}, {"lr": 0.1, "whatever": NAN})
+
+
+def test_typed_keeps_the_declared_types_and_literals():
+    ranges = {
+        "lr": NONNEG,
+        "n": count(1, also=("auto",)),
+        "on": FLAG,
+        "mode": one_of("a", "b"),
+        "cap": optional(POSITIVE),
+    }
+    values = {"lr": 2, "n": 250.0, "on": True, "mode": "b", "cap": None, "unused": NAN}
+    out = typed(ranges, values, ["n", "lr", "on", "mode", "cap"])
+    assert list(out) == ["n", "lr", "on", "mode", "cap"]
+    assert [(v, type(v)) for v in out.values()] == [
+        (250, int),
+        (2.0, float),
+        (True, bool),
+        ("b", str),
+        (None, type(None)),
+    ]
+    assert typed(ranges, {"n": "auto"}, ["n"]) == {"n": "auto"}
 
 
 # ------------------------------------------------------------------------------- RACS / Alice / base

@@ -244,6 +244,29 @@ def check_hparams(
             )
 
 
+def typed(ranges: Mapping[str, Range], values: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """Checked values in the types their ranges declare, for an optimizer to keep.
+
+    A real becomes a ``float``, an integer an ``int`` (``250.0`` from a config: ``250``), a flag a
+    ``bool``; a choice, a tuple and a literal of ``also`` (``None``, ``"auto"``) stay as given.
+
+    Args:
+        ranges: ``name → Range``, as for :func:`check_hparams` (run it first).
+        values: The arguments.
+        names: The names to keep.
+
+    Returns:
+        ``name → value`` in ``names``' order.
+    """
+    cast = {"real": float, "int": int, "bool": bool}
+    out = {}
+    for name in names:
+        rng, value = ranges[name], values[name]
+        literal = any(value is a or (type(value) is type(a) and value == a) for a in rng.also)
+        out[name] = value if literal or rng.kind not in cast else cast[rng.kind](value)
+    return out
+
+
 #: The step settings the Gauss-Newton Algorithms FGN and SGN share, declared once (each adds its own).
 GN_STEP_RANGES: dict[str, Range] = {
     "lr": POSITIVE,

@@ -370,7 +370,8 @@ class HFCG:
         seed: int = 0,
         sync_timers: bool = False,
     ) -> None:
-        checks.check_hparams("HF-CG", HFCG_RANGES, locals(), ordered=[("rho_low", "rho_high")])
+        values = locals()
+        checks.check_hparams("HF-CG", HFCG_RANGES, values, ordered=[("rho_low", "rho_high")])
         if data.train is None:
             raise ValueError("HF-CG needs an in-memory training split (full-set gradient and line search)")
         checks.check_trainable("HF-CG", objective.params(), one_dtype=True)
@@ -379,29 +380,9 @@ class HFCG:
         self.num_train = data.num_train
         if numchunks > self.num_train:
             raise ValueError(f"numchunks={numchunks} exceeds the {self.num_train} training examples")
-        self.cfg = dict(
-            boost=boost,
-            drop=drop,
-            rho_low=rho_low,
-            rho_high=rho_high,
-            weight_cost=float(weight_cost),
-            numchunks=int(numchunks),
-            cg_maxiter=int(cg_maxiter),
-            cg_miniter=int(cg_miniter),
-            cg_decay=float(cg_decay),
-            cg_progress_tol=float(cg_progress_tol),
-            cg_gap_ratio=float(cg_gap_ratio),
-            cg_min_gap=int(cg_min_gap),
-            preconditioner=preconditioner,
-            precon_exponent=float(precon_exponent),
-            cg_backtracking=bool(cg_backtracking),
-            line_search=bool(line_search),
-            ls_c=float(ls_c),
-            ls_factor=float(ls_factor),
-            ls_max_reductions=int(ls_max_reductions),
-            eval_chunk=int(eval_chunk),
-            curvature_products=curvature_products,
-        )
+        # what the step reads, in the types HFCG_RANGES declares (float, int, bool; choices as given)
+        kept = [k for k in HFCG_RANGES if k not in ("initlambda", "shuffle", "seed", "sync_timers")]
+        self.cfg = checks.typed(HFCG_RANGES, values, kept)
         self.perm = _case_order(self.num_train, shuffle, seed).to(self.x_train.device)
         device = self.x_train.device
         self._sync_device = device if sync_timers and device.type == "cuda" else None

@@ -1,4 +1,4 @@
-"""tools/gpu_slice.py and tools/gpu_slice.sh, the GPU work in one-device-call slices (docs/cluster.md,
+"""tools/gpu/ (python -m tools.gpu) and tools/gpu_slice.sh, the GPU work in one-device-call slices (docs/cluster.md,
 section 5): the whole path on the CPU with a fake $OUT (run, SIGTERM, pack, unpack, a tampered file
 refused), the deadline, the carry folder's size check, the queue, the ledger, and the tracked tree's
 size (the device call carries it)."""
@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "gpu" / "slice.py"
 SCRIPT = ROOT / "tools" / "gpu_slice.sh"
 TREE_LIMIT_BYTES = 44_000_000  # the device call carries the tree: 64 MiB with data, wheels, checkpoints
 
@@ -29,11 +28,12 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash, POSIX sig
 
 @pytest.fixture(scope="module")
 def gs():
-    spec = importlib.util.spec_from_file_location("gpu_slice", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_slice"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """The slice tool's modules (tools/gpu/), one per step: gs.slices, gs.carry, gs.run, gs.pack,
+    gs.unpack, gs.ledger; gs.common, gs.cli."""
+    from tools import gpu
+    from tools.gpu import cli  # noqa: F401 - imports every module of the slice's path
+
+    return gpu
 
 
 def _git_sizes() -> dict[str, int]:
@@ -53,7 +53,7 @@ def test_tracked_tree_stays_under_44_mb():
 
 
 def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
-    slices = gs.load_queue()
+    slices = gs.slices.load_queue()
     assert [s.id for s in slices if s.auto] == [
         "smoke-probe", "smoke-llama", "bench-lean", "llm-sizes", "llm-1b", "mnist-hfcg-s0", "mnist-shf-s0",
         "bench", "mnist-paper", "mnist-shf-seeds",
@@ -62,7 +62,7 @@ def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
         assert 0 < s.gpu_minutes <= 13, s.id  # a session has 15 device minutes, a start costs 1-2
         assert s.runs and s.title, s.id
         assert s.work_s + s.grace_s < 600, s.id  # one command runs at most 10 minutes
-        assert set(s.wheels) <= set(gs.MODULES), s.id
+        assert set(s.wheels) <= set(gs.run.MODULES), s.id
         for run in s.runs:
             if run.kind == "module":
                 assert importlib.util.find_spec(run.spec["module"]) is not None, run.id
@@ -115,9 +115,9 @@ def test_queue_parses_and_every_slice_has_minutes_and_exact_runs(gs):
 
 
 def test_ledger_picks_the_first_slice_not_done(gs, tmp_path):
-    slices = gs.load_queue()
+    slices = gs.slices.load_queue()
     ledger = tmp_path / "ledger.md"
-    assert gs.next_slice(slices, ledger).id == "smoke-probe"
+    assert gs.ledger.next_slice(slices, ledger).id == "smoke-probe"
     row = {
         "slice": "smoke-probe",
         "status": "partial",
@@ -126,18 +126,18 @@ def test_ledger_picks_the_first_slice_not_done(gs, tmp_path):
         "device": "H100",
         "produced": "x",
     }
-    gs.append_ledger(ledger, row)
-    assert gs.next_slice(slices, ledger).id == "smoke-probe"  # partial: again
-    gs.append_ledger(ledger, {**row, "status": "done"})
-    assert gs.next_slice(slices, ledger).id == "smoke-llama"
-    gs.append_ledger(ledger, {**row, "slice": "smoke-llama", "status": "done"})
-    assert gs.next_slice(slices, ledger).id == "bench-lean"
-    gs.append_ledger(ledger, {**row, "slice": "bench-lean", "status": "skip"})
-    assert gs.next_slice(slices, ledger).id == "llm-sizes"
-    assert [r["status"] for r in gs.read_ledger(ledger)] == ["partial", "done", "done", "skip"]
+    gs.ledger.append_ledger(ledger, row)
+    assert gs.ledger.next_slice(slices, ledger).id == "smoke-probe"  # partial: again
+    gs.ledger.append_ledger(ledger, {**row, "status": "done"})
+    assert gs.ledger.next_slice(slices, ledger).id == "smoke-llama"
+    gs.ledger.append_ledger(ledger, {**row, "slice": "smoke-llama", "status": "done"})
+    assert gs.ledger.next_slice(slices, ledger).id == "bench-lean"
+    gs.ledger.append_ledger(ledger, {**row, "slice": "bench-lean", "status": "skip"})
+    assert gs.ledger.next_slice(slices, ledger).id == "llm-sizes"
+    assert [r["status"] for r in gs.ledger.read_ledger(ledger)] == ["partial", "done", "done", "skip"]
     names = [s.id for s in sorted(slices, key=lambda s: s.order) if s.auto]
     assert names.index("mnist-hfcg-s0") < names.index("bench")  # fosi-lm-paper is not picked automatically
-    gs.read_ledger(ROOT / "docs" / "gpu_ledger.md")  # the committed one parses
+    gs.ledger.read_ledger(ROOT / "docs" / "gpu_ledger.md")  # the committed one parses
 
 
 def _wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:
@@ -219,11 +219,11 @@ def test_cpu_slice_whole_path_fake_out_unpack_and_tampering(gs, tmp_path):
     # unpack into a copy of the repository's layout
     repo = tmp_path / "repo"
     ledger = tmp_path / "repo_ledger.md"
-    assert gs.main(["--ledger", str(ledger), "unpack", str(out), "--root", str(repo), "--no-after"]) == 0
+    assert gs.cli.main(["--ledger", str(ledger), "unpack", str(out), "--root", str(repo), "--no-after"]) == 0
     got = repo / "results" / "gpu_selftest" / "default" / "adam_quick_s0_long"
     assert (got / "summary.json").read_bytes() == (long_dir / "summary.json").read_bytes()
     assert (got / "checkpoint.pt").read_bytes() == (long_dir / "checkpoint.pt").read_bytes()
-    assert gs.read_ledger(ledger)[-1]["status"] == "partial"
+    assert gs.ledger.read_ledger(ledger)[-1]["status"] == "partial"
     assert (repo / "outputs" / "gpu_slices" / "cpu-test").is_dir()
 
     # a damaged transfer: one byte of the records archive changed
@@ -235,7 +235,7 @@ def test_cpu_slice_whole_path_fake_out_unpack_and_tampering(gs, tmp_path):
     data[len(data) // 2] ^= 0xFF
     (bad / "results.tar.gz").write_bytes(bytes(data))
     fresh = tmp_path / "fresh"
-    assert gs.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 2
+    assert gs.cli.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 2
     assert not fresh.exists()
     # a changed member whose archive checksum was recomputed: the member's sha256 catches it
     buf = io.BytesIO()
@@ -248,12 +248,12 @@ def test_cpu_slice_whole_path_fake_out_unpack_and_tampering(gs, tmp_path):
             dst.addfile(m, io.BytesIO(content))
     (bad / "results.tar.gz").write_bytes(buf.getvalue())
     man["files"]["results.tar.gz"] = {
-        "sha256": gs.sha256_file(bad / "results.tar.gz"),
+        "sha256": gs.common.sha256_file(bad / "results.tar.gz"),
         "bytes": len(buf.getvalue()),
     }
     (bad / "manifest.json").write_text(json.dumps(man))
-    assert gs.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 2
-    assert not fresh.exists() and len(gs.read_ledger(ledger)) == 1
+    assert gs.cli.main(["--ledger", str(ledger), "unpack", str(bad), "--root", str(fresh), "--no-after"]) == 2
+    assert not fresh.exists() and len(gs.ledger.read_ledger(ledger)) == 1
 
 
 def test_deadline_sigterms_the_runs_then_kills_what_ignores_it(gs, tmp_path, monkeypatch):
@@ -274,7 +274,7 @@ def test_deadline_sigterms_the_runs_then_kills_what_ignores_it(gs, tmp_path, mon
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     out = tmp_path / "out"
     t0 = time.time()
-    code = gs.main(
+    code = gs.cli.main(
         ["--queue", str(queue), "--ledger", str(tmp_path / "l.md"), "run", "dl", "--out", str(out),
          "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"), "--carry", str(tmp_path / "c")]
     )  # fmt: skip
@@ -289,7 +289,7 @@ def test_deadline_sigterms_the_runs_then_kills_what_ignores_it(gs, tmp_path, mon
 
 
 def test_carry_takes_only_the_slice_and_refuses_over_the_limit(gs, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(gs, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(gs.carry, "CACHE", tmp_path / "cache")
     data = tmp_path / "data"
     (data / "mnist").mkdir(parents=True)
     import gzip
@@ -315,11 +315,11 @@ def test_carry_takes_only_the_slice_and_refuses_over_the_limit(gs, tmp_path, mon
         "     phases: [{name: p, runs: [{id: r0, experiment: shf_fig2_mnist, profile: paper, optimizer: hf_cg,\n"
         "                                seed: 0, checkpoint: true}]}]}\n"
     )
-    tree = sum(gs.tree_bytes(ROOT).values()) / 2**20
+    tree = sum(gs.carry.tree_bytes(ROOT).values()) / 2**20
 
     def carry(limit: float, *extra: str) -> int:
         try:
-            return gs.main(
+            return gs.cli.main(
                 ["--queue", str(queue), "carry", "c", "--dest", str(tmp_path / "carry"), "--results", str(results),
                  "--data-dir", str(data), "--wheels-from", str(wheels), "--no-fetch", "--limit-mib", str(limit), *extra]
             )  # fmt: skip
@@ -337,7 +337,7 @@ def test_carry_takes_only_the_slice_and_refuses_over_the_limit(gs, tmp_path, mon
     assert (c / "data" / "tiny_shakespeare" / "input.txt.xz").exists()
     assert not (c / "data" / "other").exists()
     assert [k["run"] for k in plan["checkpoints"]] == ["r0"] and not plan["left_behind"]
-    gs.unpack_data(c / "data", gs.Log())
+    gs.run.unpack_data(c / "data", gs.common.Log())
     assert (c / "data" / "mnist" / "t10k-labels-idx1-ubyte").read_bytes() == bytes(10000)
 
     assert carry(tree + 0.5) == 2  # the checkpoint does not fit: refused
@@ -348,26 +348,28 @@ def test_carry_takes_only_the_slice_and_refuses_over_the_limit(gs, tmp_path, mon
 
 
 def test_archives_over_15_mib_are_split_and_joined_again(gs, tmp_path, monkeypatch):
-    monkeypatch.setattr(gs, "PART_BYTES", 4000)
+    monkeypatch.setattr(gs.pack, "PART_BYTES", 4000)
     src = tmp_path / "results" / "exp" / "run" / "metrics.jsonl"
     src.parent.mkdir(parents=True)
     src.write_bytes(os.urandom(10_000))
     out, stage = tmp_path / "out", tmp_path / "stage"
     out.mkdir()
     stage.mkdir()
-    members = gs._tar([(src, "results/exp/run/metrics.jsonl")], tmp_path / "results.tar.gz", compress=True)
-    parts = gs._split(tmp_path / "results.tar.gz", out)
+    members = gs.pack._tar(
+        [(src, "results/exp/run/metrics.jsonl")], tmp_path / "results.tar.gz", compress=True
+    )
+    parts = gs.pack._split(tmp_path / "results.tar.gz", out)
     assert [p.name for p in parts] == [f"results.tar.gz.part0{i}" for i in range(3)]
     man = {
-        "files": {p.name: {"sha256": gs.sha256_file(p), "bytes": p.stat().st_size} for p in parts},
+        "files": {p.name: {"sha256": gs.common.sha256_file(p), "bytes": p.stat().st_size} for p in parts},
         "archives": {"results": {"members": members, "parts": [p.name for p in parts]}},
     }
     (out / "manifest.json").write_text(json.dumps(man))
-    gs.verify_and_stage(out, stage)
+    gs.unpack.verify_and_stage(out, stage)
     assert (stage / "results" / "results" / "exp" / "run" / "metrics.jsonl").read_bytes() == src.read_bytes()
     (out / "results.tar.gz.part01").unlink()
-    with pytest.raises(gs.Refused, match="missing"):
-        gs.verify_and_stage(out, tmp_path)
+    with pytest.raises(gs.common.Refused, match="missing"):
+        gs.unpack.verify_and_stage(out, tmp_path)
 
 
 def test_every_train_run_of_the_queue_composes_to_its_folder(gs):
@@ -388,7 +390,7 @@ def test_every_train_run_of_the_queue_composes_to_its_folder(gs):
 
 
 def _compose_all(gs, seen, compose_config, run_id_for) -> None:
-    for s in gs.load_queue():
+    for s in gs.slices.load_queue():
         for r in s.runs:
             spec = r.spec
             if r.kind != "train":
@@ -417,3 +419,31 @@ def _compose_all(gs, seen, compose_config, run_id_for) -> None:
             assert r.run_id == run_id_for(spec["optimizer"], profile, spec.get("seed", 0), spec.get("suffix"))
             assert cfg.profile == profile, r.id
             assert cfg.trainer.device == ("cpu" if s.cpu else "cuda"), r.id
+
+
+# Each step of the slice's path imports alone (issue 45): only the modules below it, neither torch nor
+# PyYAML at import time (the device machine has the carried wheels and the repository, nothing more).
+ALONE = {
+    "common": set(),
+    "slices": {"common"},
+    "ledger": {"common", "slices"},
+    "carry": {"common", "slices", "ledger"},
+    "facts": set(),
+    "report": {"common", "slices"},
+    "pack": {"common"},
+    "run": {"common", "slices", "ledger", "facts", "report", "pack"},
+    "unpack": {"common", "slices", "ledger"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALONE))
+def test_each_step_of_the_path_imports_alone(name):
+    code = (
+        f"import json, sys, tools.gpu.{name}; "
+        "print(json.dumps([sorted(m[len('tools.gpu.'):] for m in sys.modules if m.startswith('tools.gpu.')), "
+        "sorted(m for m in ('torch', 'yaml') if m in sys.modules)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    modules, heavy = json.loads(done.stdout)
+    assert set(modules) == ALONE[name] | {name}
+    assert heavy == []

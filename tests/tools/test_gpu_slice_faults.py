@@ -1,4 +1,4 @@
-"""tools/gpu_slice.py against bad input (issue 43): a stale output over a run that went further, a
+"""tools/gpu/ (the slice tool) against bad input (issue 43): a stale output over a run that went further, a
 manifest naming a slice outside the queue, a truncated manifest, the same output unpacked twice, and
 GPU_SLICE_TMP pointing at a folder of one's own."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "gpu" / "slice.py"
 RUN = "results/gpu_selftest/default/adam_quick_s0_long"
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash, POSIX paths")
@@ -24,11 +22,12 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash, POSIX pat
 
 @pytest.fixture(scope="module")
 def gs():
-    spec = importlib.util.spec_from_file_location("gpu_slice", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_slice"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """The slice tool's modules (tools/gpu/), one per step: gs.slices, gs.carry, gs.run, gs.pack,
+    gs.unpack, gs.ledger; gs.common, gs.cli."""
+    from tools import gpu
+    from tools.gpu import cli  # noqa: F401 - imports every module of the slice's path
+
+    return gpu
 
 
 def run_files(steps: int, status: str = "interrupted") -> dict[str, bytes]:
@@ -44,7 +43,7 @@ def run_files(steps: int, status: str = "interrupted") -> dict[str, bytes]:
 def make_output(
     gs, where: Path, steps: int, slice_id: str = "cpu-test", stamp: str = "20260101T000000Z"
 ) -> Path:
-    """A slice's $OUT as `gpu_slice.py run` packs it: one interrupted run at ``steps``, its checkpoint."""
+    """A slice's $OUT as `python -m tools.gpu run` packs it: one interrupted run at ``steps``, its checkpoint."""
     src, out = where / "src", where / "out"
     out.mkdir(parents=True)
     items = []
@@ -56,10 +55,10 @@ def make_output(
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("report\n")
     items.append((report, "results/gpu_slices/cpu-test/report.md"))
-    members = gs._tar(items, out / "results.tar.gz", compress=True)
+    members = gs.pack._tar(items, out / "results.tar.gz", compress=True)
     ck = f"checkpoint of step {steps}".encode()
     (src / "ck.pt.gz").write_bytes(gzip.compress(ck))
-    ck_members = gs._tar(
+    ck_members = gs.pack._tar(
         [(src / "ck.pt.gz", f"{RUN}/checkpoint.pt.gz")], out / "checkpoints.tar", compress=False
     )
     ck_members[f"{RUN}/checkpoint.pt.gz"].update(raw_sha256=hashlib.sha256(ck).hexdigest(), raw_bytes=len(ck))
@@ -79,7 +78,7 @@ def make_output(
         },
     }
     man["files"] = {
-        f.name: {"sha256": gs.sha256_file(f), "bytes": f.stat().st_size}
+        f.name: {"sha256": gs.common.sha256_file(f), "bytes": f.stat().st_size}
         for f in sorted(out.iterdir())
         if f.name != "manifest.json"
     }
@@ -88,7 +87,7 @@ def make_output(
 
 
 def unpack(gs, out: Path, repo: Path) -> int:
-    return gs.main(
+    return gs.cli.main(
         ["--ledger", str(repo / "ledger.md"), "unpack", str(out), "--root", str(repo), "--no-after"]
     )
 
@@ -118,7 +117,7 @@ def test_the_same_output_unpacked_twice_writes_one_ledger_row(gs, tmp_path, caps
     out = make_output(gs, tmp_path / "a", steps=100)
     assert unpack(gs, out, repo) == 0
     assert unpack(gs, out, repo) == 0
-    assert len(gs.read_ledger(repo / "ledger.md")) == 1
+    assert len(gs.ledger.read_ledger(repo / "ledger.md")) == 1
     assert "already (unpacked before): no new row" in capsys.readouterr().out
 
 
@@ -188,17 +187,17 @@ def test_gpu_slice_tmp_pointing_at_a_folder_of_ones_own_keeps_its_contents(tmp_p
 
 def test_the_slice_reuses_only_its_own_work_folder(gs, tmp_path):
     work = tmp_path / "work"
-    gs.prepare_work(work)
+    gs.run.prepare_work(work)
     (work / "site").mkdir()
     (work / "slice.log").write_text("old\n")
-    gs.prepare_work(work)  # its own: emptied
-    assert sorted(p.name for p in work.iterdir()) == [gs.WORK_MARK]
+    gs.run.prepare_work(work)  # its own: emptied
+    assert sorted(p.name for p in work.iterdir()) == [gs.run.WORK_MARK]
     empty = tmp_path / "empty"
     empty.mkdir()
-    gs.prepare_work(empty)  # an empty folder of one's own is used
+    gs.run.prepare_work(empty)  # an empty folder of one's own is used
     (tmp_path / "file").write_text("x")
-    with pytest.raises(gs.Refused, match="is not a folder"):
-        gs.prepare_work(tmp_path / "file")
+    with pytest.raises(gs.common.Refused, match="is not a folder"):
+        gs.run.prepare_work(tmp_path / "file")
 
 
 def test_a_manifest_listing_a_path_as_a_file_is_refused(gs, tmp_path, capsys):

@@ -2,6 +2,6 @@
 
 import sys
 
-from tools.gpu.slice import main
+from tools.gpu.cli import main
 
 sys.exit(main())

@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["exec"]:
         cmd_exec(argv[1:])
         return 0
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ledger", default=os.environ.get("GPU_SLICE_LEDGER", str(LEDGER)))
     p.add_argument("--queue", default=os.environ.get("GPU_SLICE_QUEUE", str(gpu_queue.QUEUE)))
     sub = p.add_subparsers(dest="cmd", required=True)

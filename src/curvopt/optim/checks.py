@@ -295,14 +295,27 @@ def check_gn_step(
         TypeError: A trainable parameter is complex (or not floating point).
     """
     check_hparams(owner, {**GN_STEP_RANGES, **own}, values)
-    for p in model.parameters():
-        if p.requires_grad and not p.is_floating_point():
+    check_floating(owner, (p for p in model.parameters() if p.requires_grad))
+
+
+# ---------------------------------------------------------------------------- the parameters
+def check_floating(owner: str, params: Iterable[Tensor]) -> None:
+    """Refuse the first parameter that is not real floating point, naming its dtype and shape.
+
+    Args:
+        owner: The optimizer's name, for the message.
+        params: The parameters (e.g. a model's trainable ones).
+
+    Raises:
+        TypeError: A parameter is complex or an integer tensor.
+    """
+    for p in params:
+        if not p.is_floating_point():
             raise TypeError(
                 f"{owner} supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
             )
 
 
-# ---------------------------------------------------------------------------- the parameters
 def check_real_floating(owner: str, params: Mapping[str, Tensor]) -> None:
     """Refuse complex or integer parameters with a clear error (the curvature products are real).
 

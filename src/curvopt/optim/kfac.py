@@ -73,6 +73,7 @@ from curvopt.optim.checks import (
     UNIT,
     UNIT_OPEN_LOW,
     Range,
+    check_floating,
     check_hparams,
     count,
     one_of,
@@ -343,12 +344,7 @@ class KFAC(AlgorithmBase):
             locals(),
             ordered=[("min_damping", "max_damping"), ("damping_lower_threshold", "damping_upper_threshold")],
         )
-        for p in objective.model.parameters():
-            if p.requires_grad and not p.is_floating_point():
-                raise TypeError(
-                    f"K-FAC supports real floating-point parameters only, got {p.dtype} "
-                    f"(shape {tuple(p.shape)})"
-                )
+        check_floating("K-FAC", (p for p in objective.model.parameters() if p.requires_grad))
         self.objective = objective
         self.lr, self.momentum = lr, momentum
         self.damping = float(damping)

@@ -837,7 +837,6 @@ MORE_ALGO = ("tensor_hparams",)
 FOSI_FAMILY = ("FOSI", "fosi_adam", "fosi_heavy_ball", "fosi_gd")
 FOSI_STREAM = "curvopt.optim.fosi is being restructured in another work stream (issue 45); {}"
 UPSTREAM_LOWRANK = ("galore", "fira", "apollo")
-LOWRANK_STREAM = "curvopt.optim.lowrank is being restructured in another work stream (issue 45); {}"
 UPSTREAM_NOT_OURS = "the official {} package's optimizer is not our code (curvopt.optim.lowrank wraps it): {}"
 TORCH_SGD = "make_base_optimizer returns torch.optim.SGD unchanged: {} (torch's behaviour, not ours)"
 MORE_SKIPS: dict[tuple[str, str], str] = {
@@ -865,13 +864,6 @@ MORE_SKIPS: dict[tuple[str, str], str] = {
             "FOSI and its factories do not check a tensor lr by value yet (issue 43: a NaN tensor lr passes)"
         )
         for name in (*FOSI_FAMILY, "FOSIAlgorithm", "build_fosi")
-    },
-    **{
-        (name, "tensor_hparams"): LOWRANK_STREAM.format(
-            "its own lr check refuses every tensor lr, a valid one too; curvopt.optim.checks reads a 0-d "
-            "tensor by value"
-        )
-        for name in UPSTREAM_LOWRANK
     },
     ("make_base_optimizer", "tensor_hparams"): TORCH_SGD.format(
         "torch.optim.SGD accepts lr=tensor(nan) and lr=inf (test_torch_sgd_accepts_a_nan_tensor_lr)"

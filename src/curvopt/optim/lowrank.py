@@ -52,13 +52,24 @@ import importlib
 import importlib.machinery
 import importlib.util
 import logging
-import math
 import sys
 import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from curvopt.optim.checks import (
+    NONNEG,
+    POSITIVE,
+    UNIT,
+    Range,
+    check_floating,
+    check_hparams,
+    count,
+    optional,
+    tuple_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -185,41 +196,15 @@ def state_globals(method: str) -> list[type]:
     return out
 
 
-def _check_options(
-    name: str,
-    params: list[torch.nn.Parameter],
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
-    rank: int,
-    update_proj_gap: int,
-    adam_lr: float | None,
-) -> None:
-    """Refuse what upstream accepts silently: NaN/inf/negative settings and complex parameters."""
-
-    def number(value: Any) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-    for key, value in (("lr", lr), ("weight_decay", weight_decay)) + (
-        (("adam_lr", adam_lr),) if adam_lr is not None else ()
-    ):
-        if not (number(value) and value >= 0):
-            raise ValueError(f"{name}: {key} must be a finite non-negative number, got {value!r}")
-    if not (number(eps) and eps > 0):
-        raise ValueError(f"{name}: eps must be a finite positive number, got {eps!r}")
-    betas = tuple(betas)
-    if len(betas) != 2 or not all(number(b) and 0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{name}: betas must be two numbers in [0, 1), got {betas}")
-    if int(rank) != rank or rank < 1:
-        raise ValueError(f"{name}: rank must be a positive integer, got {rank!r}")
-    if int(update_proj_gap) != update_proj_gap or update_proj_gap < 1:
-        raise ValueError(f"{name}: update_proj_gap must be a positive integer, got {update_proj_gap!r}")
-    for p in params:
-        if not p.is_floating_point():
-            raise TypeError(
-                f"{name} supports real floating-point parameters only, got {p.dtype} (shape {tuple(p.shape)})"
-            )
+#: What every factory refuses that upstream accepts silently (NaN/inf/negative settings), declared once;
+#: 0-d tensor values are checked by value (:mod:`curvopt.optim.checks`).
+LOWRANK_RANGES: dict[str, Range] = {
+    **dict.fromkeys(("lr", "weight_decay"), NONNEG),
+    "adam_lr": optional(NONNEG),
+    "eps": POSITIVE,
+    "betas": tuple_of(2, UNIT),
+    **dict.fromkeys(("rank", "update_proj_gap"), count(1)),
+}
 
 
 def _two_groups(
@@ -283,8 +268,8 @@ def _official(
     group_keys, class_keys, fixed = _OPTIONS[method]
     cls = official_class(method)
     adam_params, method_params = list(adam_params), list(method_params)
-    rank, gap = options["rank"], options["update_proj_gap"]
-    _check_options(method, adam_params + method_params, lr, betas, eps, weight_decay, rank, gap, adam_lr)
+    check_hparams(method, LOWRANK_RANGES, {**locals(), **options})
+    check_floating(method, adam_params + method_params)
     groups = _two_groups(adam_params, method_params, adam_lr, **{key: options[key] for key in group_keys})
     class_options = {**{key: options[key] for key in class_keys}, **fixed}
     return cls(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **class_options)

@@ -179,8 +179,7 @@ def mirror_upper(m: Tensor) -> Tensor:
     """``m`` with its strict lower triangle replaced by the upper one's mirror.
 
     A Gram matrix from a GEMM can differ from its transpose in the last bits; making the factors
-    exactly symmetric lets a checkpoint keep only their upper triangles
-    (:func:`curvopt.optim.kfac._pack_sym`).
+    exactly symmetric lets a checkpoint keep only their upper triangles (K-FAC's ``state_dict``).
     """
     return m.triu() + m.triu(1).t()
 

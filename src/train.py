@@ -22,7 +22,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 # `curvopt` without an install. `python src/train.py` has src/ first on sys.path already; this line is for
-# experiments/gpu_smoke.py, which runs this file in-process (runpy.run_path), where nothing else adds it.
+# tools/gpu/smoke.py, which runs this file in-process (runpy.run_path), where nothing else adds it.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curvopt.errors import (  # noqa: E402

@@ -363,10 +363,10 @@ class Objective:
         (kfac-jax's quadratic model is formed the same way).
 
         Args:
-            params: Point of linearisation.
-            x: Input batch.
-            y: Targets (they set ``n`` and mask ignored cross-entropy positions).
-            vs: Parameter-shaped tangent dicts.
+            params: As in :meth:`ggn_vp`.
+            x: As in :meth:`ggn_vp`.
+            y: As in :meth:`ggn_vp`.
+            vs: The directions, parameter-shaped tangent dicts like :meth:`ggn_vp`'s ``v``.
 
         Returns:
             The symmetric ``(len(vs), len(vs))`` matrix.

@@ -154,12 +154,14 @@ class Alice(MatrixOptimizer):
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
         >>> others = [model[0].bias, *model[2].parameters()]
         >>> opt = Alice([{"params": [model[0].weight]}, {"params": others, "adam": True}], lr=0.02, rank=2)
+        >>> warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3)
         >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
-        >>> for _ in range(3):
-        ...     opt.zero_grad()
+        >>> for step in range(3):
         ...     loss = torch.nn.functional.mse_loss(model(x), y)
+        ...     opt.zero_grad()
         ...     loss.backward()
         ...     opt.step()
+        ...     warmup.step()  # a scheduler scales both groups' lr
         >>> opt.state[model[0].weight]["U"].shape
         torch.Size([4, 2])
     """
@@ -825,12 +827,9 @@ def alice0(params: Iterable[Any], **kwargs: Any) -> Alice:
         >>> others = [model[0].bias, *model[2].parameters()]
         >>> groups = [{"params": [model[0].weight]}, {"params": others, "adam": True}]
         >>> opt = alice0(groups, lr=0.02, rank=2, betas=(0.9, 0.9))
-        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
-        >>> for _ in range(3):
-        ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
+        >>> opt.zero_grad()
+        >>> model(torch.randn(16, 4)).square().mean().backward()
+        >>> opt.step()  # the first step: the exact top-r eigenvectors of G Gᵀ
         >>> opt.defaults["betas"], "Qt" in opt.state[model[0].weight]
         ((0.9, 0.9, 0.0), False)
     """

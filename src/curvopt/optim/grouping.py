@@ -158,12 +158,8 @@ def build_optimizer(
         >>> _ = torch.manual_seed(0)
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
         >>> opt = build_optimizer(model, "alice0", lr=0.02, rank=2, lm_head_in_method=False)
-        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
-        >>> for _ in range(3):
-        ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
+        >>> loss_fn, x, y = torch.nn.MSELoss(), torch.randn(16, 4), torch.randn(16, 2)
+        >>> opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
         >>> [len(g["params"]) for g in opt.param_groups], [g["adam"] for g in opt.param_groups]
         ([1, 3], [False, True])
     """
@@ -236,11 +232,11 @@ def build_grouped(
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
         >>> opt = build_grouped(Objective(model, "squared_error"), method="racs", lr=0.02)
         >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
-        >>> for _ in range(3):
-        ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
+        >>> steps = 0
+        >>> while steps < 3:
+        ...     opt.zero_grad(set_to_none=True)
+        ...     (model(x) - y).square().sum(dim=1).mean().backward()
+        ...     steps += opt.step() is None
         >>> type(opt).__name__
         'RACS'
     """

@@ -144,13 +144,14 @@ class MatrixOptimizer(torch.optim.Optimizer):
         >>> model = torch.nn.Linear(4, 2)
         >>> opt = MatrixOptimizer([{"params": model.parameters(), "adam": True}], {"lr": 1e-2})
         >>> x, y = torch.randn(8, 4), torch.randn(8, 2)
-        >>> for _ in range(3):
+        >>> def closure():  # step(closure) re-evaluates the loss, as torch.optim.LBFGS users write it
         ...     opt.zero_grad()
         ...     loss = torch.nn.functional.mse_loss(model(x), y)
         ...     loss.backward()
-        ...     opt.step()
-        >>> opt.state[model.weight]["step"]
-        3
+        ...     return loss
+        >>> losses = [opt.step(closure).item() for _ in range(3)]
+        >>> opt.state[model.weight]["step"], losses[-1] < losses[0]
+        (3, True)
     """
 
     method_name = "matrix"

@@ -187,13 +187,14 @@ class RACS(MatrixOptimizer):
         >>> _ = torch.manual_seed(0)
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
         >>> others = [model[0].bias, *model[2].parameters()]
-        >>> opt = RACS([{"params": [model[0].weight]}, {"params": others, "adam": True}], lr=0.02)
-        >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
-        >>> for _ in range(3):
+        >>> groups = [{"params": [model[0].weight]}, {"params": others, "adam": True}]
+        >>> opt = RACS(groups, lr=0.02, foreach=True, check_finite="deferred")
+        >>> batches = [(torch.randn(16, 4), torch.randn(16, 2)) for _ in range(3)]
+        >>> for x, y in batches:
         ...     opt.zero_grad()
-        ...     loss = torch.nn.functional.mse_loss(model(x), y)
-        ...     loss.backward()
-        ...     opt.step()
+        ...     torch.nn.functional.mse_loss(model(x), y).backward()
+        ...     opt.step()  # stacked, and no host read: a NaN gradient would skip the step
+        >>> opt.raise_if_nonfinite()  # one read for all three steps (raises if one was skipped)
         >>> sorted(opt.state[model[0].weight])
         ['phi', 'q', 's', 'step']
     """

@@ -234,7 +234,7 @@ def build_grouped(
         >>> x, y = torch.randn(16, 4), torch.randn(16, 2)
         >>> steps = 0
         >>> while steps < 3:
-        ...     opt.zero_grad(set_to_none=True)
+        ...     opt.zero_grad()
         ...     (model(x) - y).square().sum(dim=1).mean().backward()
         ...     steps += opt.step() is None
         >>> type(opt).__name__

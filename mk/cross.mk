@@ -1,7 +1,7 @@
 ##@ Cross-paper grid: every method on every paper's task (docs/cross.md)
 # One Hydra multirun per task (src/train.py -m over methods x seeds x trials), equal CPU-time budget per
 # task (process clock, one torch thread), then the "Cross-paper grid" table and figures from the records.
-# SCALE=quick: 10 CPU-s per run, 2 seeds x 1 trial (the paper defaults; ~40 CPU-minutes, committed);
+# SCALE=quick: 10 CPU-s per run, 2 seeds x 2 trials (~1.2 CPU-hours with evaluation, committed);
 # SCALE=paper: the paper-like CPU profile, 3 seeds x 2 trials, 2-4 CPU-min per run (~12 CPU-hours; asks
 # first, YES=1 answers). CROSS_TASKS picks tasks (usps lr lm llm); CROSS_ARGS adds driver flags
 # (--methods, --seeds, --budget, --dry-run); DRY_RUN=1 only lists the sweeps.

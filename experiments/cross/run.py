@@ -7,7 +7,8 @@
 
 For each task (experiments/cross/tasks.py) the driver builds the task's model, decides which methods
 apply (:func:`experiments.cross.tasks.applicability`; the others get a row that says why), writes that
-plan to ``results/cross_<task>/grid_<profile>.json`` and starts ONE ``src/train.py -m`` over the
+plan to ``results/cross_<task>/grid_<profile>.json`` (every method, and the seeds, trials and budget of
+this call, which the report then judges) and starts ONE ``src/train.py -m`` over the
 applicable methods x seeds x trials that have no finished record yet (``cross.trial`` selects the
 tuned value, conf/experiment/cross_common.yaml). Run ids follow experiments/runs.py:
 ``<optimizer>_<profile>_s<seed>_<trial>``. A finished (completed or diverged) run is kept; an
@@ -45,7 +46,11 @@ from experiments.runs import (
 # seconds, one thread) of each task. quick: minutes on a 2-core CPU (this session's records);
 # paper: the papers' tuning protocol at CPU model sizes (hours; not run yet).
 PROFILES: dict[str, dict] = {
-    "quick": {"seeds": [0, 1], "trials": ["t0"], "budget_s": {"usps": 10, "lr": 10, "lm": 10, "llm": 10}},
+    "quick": {
+        "seeds": [0, 1],
+        "trials": ["t0", "t1"],
+        "budget_s": {"usps": 10, "lr": 10, "lm": 10, "llm": 10},
+    },
     "paper": {
         "seeds": [0, 1, 2],
         "trials": ["t0", "t1"],
@@ -197,7 +202,8 @@ def run_task(task: Task, args: argparse.Namespace, overrides: list[str]) -> int:
     trials = args.trials if args.trials is not None else prof["trials"]
     budget = args.budget if args.budget is not None else prof["budget_s"][task.key]
     results = Path(args.results_dir)
-    info = task_plan(task, args.profile, args.methods, seeds, trials, budget)
+    # the plan records every method (a run of some methods only must not drop the others' rows)
+    info = task_plan(task, args.profile, list(METHODS), seeds, trials, budget)
     applicable = [m for m in args.methods if info["methods"][m]["applies"]]
     for m in args.methods:
         if not info["methods"][m]["applies"]:
@@ -284,9 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the profile's")
-    p.add_argument(
-        "--trials", nargs="+", default=None, help="default: the profile's (quick: t0; paper: t0 t1)"
-    )
+    p.add_argument("--trials", nargs="+", default=None, help="default: the profile's (t0 t1)")
     p.add_argument(
         "--budget", type=float, default=None, help="algorithm CPU-s per run (default: the profile's)"
     )

@@ -344,6 +344,9 @@ def to_markdown(rec: dict[str, Any]) -> str:
         )
     lines += [
         "",
+        "`before`: RACS and Alice on their stacked path of commit 779e61e9 (the CUDA default then), Alice-0 "
+        "and the official packages on the path they took then (Alice-0: the per-matrix loop, as the H200 ran "
+        "it). "
         "`launch-bound ms` = ops × µs/op: the time of a step whose kernels are tiny; a refresh's SVD/EVD "
         "arithmetic comes on top (GaLore's 1,073 ms SVD refresh). The H200 times are of the per-matrix paths recorded on 2026-11-27 (RACS 4,711 ops → 43.1 ms, Alice "
         "2,687 → 27.9 ms); the stacked, banked paths above have not run on a GPU yet. Counts on fake CUDA are "

@@ -393,6 +393,7 @@ def task_figure(plan: dict, runs: list[dict], info: dict, out: Path) -> Path | N
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     from experiments.cross.tasks import LABELS, METHODS
     from experiments.plots.common import save_with_csv
@@ -434,7 +435,22 @@ def task_figure(plan: dict, runs: list[dict], info: dict, out: Path) -> Path | N
             vals = vals[np.isfinite(vals)]
             if vals.size and vals.max() / max(vals.min(), 1e-12) > 20 and vals.min() > 0:
                 ax.set_yscale("log")
+    bests = [best_within(r["curve"], plan["mode"])[0] for r in sel]
+    bests = [b for b in bests if np.isfinite(b)]
+    if np.isfinite(target) and bests:  # zoom on the range between the target and the best value
+        top = min(bests) if plan["mode"] == "min" else max(bests)
+        gap = abs(top - target)
+        if gap > 0:
+            lo, hi = (
+                (top - 0.3 * gap, target + 3 * gap)
+                if plan["mode"] == "min"
+                else (target - 3 * gap, top + 0.3 * gap)
+            )
+            for ax in axes:
+                cur = ax.get_ylim()
+                ax.set_ylim(max(lo, cur[0]), min(hi, cur[1]))
     axes[1].set_xscale("log")
+    axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded minor labels
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(
         f"Cross-paper grid: {plan['title']} ({plan['paper']}) — {_label(plan, info)}, "

@@ -859,12 +859,6 @@ MORE_SKIPS: dict[tuple[str, str], str] = {
         )
         for name in UPSTREAM_LOWRANK
     },
-    **{
-        (name, "tensor_hparams"): FOSI_STREAM.format(
-            "FOSI and its factories do not check a tensor lr by value yet (issue 43: a NaN tensor lr passes)"
-        )
-        for name in (*FOSI_FAMILY, "FOSIAlgorithm", "build_fosi")
-    },
     ("make_base_optimizer", "tensor_hparams"): TORCH_SGD.format(
         "torch.optim.SGD accepts lr=tensor(nan) and lr=inf (test_torch_sgd_accepts_a_nan_tensor_lr)"
     ),

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 
 from curvopt.curvature.hvp import HVP_MODES
 from curvopt.curvature.lanczos import REORTH_MODES
+from curvopt.optim.checks import NONNEG, check_hparams
 
 log = logging.getLogger("curvopt.optim.fosi")  # one logger for the package, as before the split
 
@@ -102,10 +103,8 @@ def _check_options(
         )
     if ese_warmup is not None and ese_warmup < 0:
         raise ValueError(f"ese_warmup must be >= 0 steps (or None: = ese_period), got {ese_warmup}")
-    for group in base.param_groups:
-        lr = group.get("lr")
-        if isinstance(lr, float | int) and not (math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"the base optimizer's lr must be a finite non-negative number, got {lr}")
+    for group in base.param_groups:  # a tensor lr by value too (one read on a device, here only)
+        check_hparams("FOSI", {"lr": NONNEG}, {"lr": group.get("lr")})
     if ese_schedule == "released" and ese_period is None:
         raise ValueError("ese_schedule='released' needs a finite ese_period")
     if ese_batch_mode == "fixed" and ese_batch is None:

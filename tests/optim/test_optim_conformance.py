@@ -841,12 +841,6 @@ UPSTREAM_NOT_OURS = "the official {} package's optimizer is not our code (curvop
 TORCH_SGD = "make_base_optimizer returns torch.optim.SGD unchanged: {} (torch's behaviour, not ours)"
 MORE_SKIPS: dict[tuple[str, str], str] = {
     **{
-        (name, "state_dict_hooks"): FOSI_STREAM.format(
-            "FOSI's state_dict/load_state_dict do not call torch.optim's state-dict hooks yet (issue 43)"
-        )
-        for name in FOSI_FAMILY
-    },
-    **{
         (name, "reordered_groups"): FOSI_STREAM.format(
             "FOSI loads a state dict with reordered groups by position (issue 43: fosi_gd applies its curvature "
             "to the wrong parameters)"

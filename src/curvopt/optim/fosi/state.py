@@ -49,6 +49,21 @@ class FOSIState:
 
     # -- (de)serialisation -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """:meth:`_fosi_state_dict` between torch.optim's state-dict pre and post hooks.
+
+        Returns:
+            The state dict (a post hook may return a replacement).
+        """
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
+        state = self._fosi_state_dict()
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state)
+            if result is not None:
+                state = result
+        return state
+
+    def _fosi_state_dict(self) -> dict[str, Any]:
         """The base's state (holding the *true* momentum buffers m) and FOSI's.
 
         Taking it changes nothing: on the SGD fast path the base's live buffers
@@ -144,6 +159,21 @@ class FOSIState:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """:meth:`_fosi_load_state_dict` between torch.optim's load-state-dict pre and post hooks.
+
+        Args:
+            state_dict: As for :meth:`_fosi_load_state_dict` (a pre hook may return a replacement).
+        """
+        state_dict = dict(state_dict)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        self._fosi_load_state_dict(state_dict)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _fosi_load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the base's and FOSI's state from :meth:`state_dict`'s output.
 
         Tensors are moved to the parameters' device and dtype; the run continues bit for bit.

@@ -835,18 +835,10 @@ MORE_TORCH = (
 )
 MORE_ALGO = ("tensor_hparams",)
 FOSI_FAMILY = ("FOSI", "fosi_adam", "fosi_heavy_ball", "fosi_gd")
-FOSI_STREAM = "curvopt.optim.fosi is being restructured in another work stream (issue 45); {}"
 UPSTREAM_LOWRANK = ("galore", "fira", "apollo")
 UPSTREAM_NOT_OURS = "the official {} package's optimizer is not our code (curvopt.optim.lowrank wraps it): {}"
 TORCH_SGD = "make_base_optimizer returns torch.optim.SGD unchanged: {} (torch's behaviour, not ours)"
 MORE_SKIPS: dict[tuple[str, str], str] = {
-    **{
-        (name, "reordered_groups"): FOSI_STREAM.format(
-            "FOSI loads a state dict with reordered groups by position (issue 43: fosi_gd applies its curvature "
-            "to the wrong parameters)"
-        )
-        for name in FOSI_FAMILY
-    },
     **{
         (name, "reordered_groups"): UPSTREAM_NOT_OURS.format(
             name, "it inherits torch.optim's by-position load_state_dict"

@@ -57,6 +57,9 @@ class FOSIState:
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         state = self._fosi_state_dict()
+        # the parameters' shapes group by group, so that a load can tell a reordered optimizer
+        shapes = [[list(q.shape) for q in group["params"]] for group in self.param_groups]
+        state = {**state, "fosi": {**state["fosi"], "group_shapes": shapes}}
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, state)
             if result is not None:
@@ -169,9 +172,33 @@ class FOSIState:
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        self._check_group_order(state_dict)
         self._fosi_load_state_dict(state_dict)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
+
+    def _check_group_order(self, state_dict: dict[str, Any]) -> None:
+        """Refuse a state dict saved by a FOSI whose groups were in another order, before loading.
+
+        ``torch.optim`` matches saved groups by position and checks only their sizes: V̂ and the
+        base's buffers would land on other parameters (FOSI-GD keeps no base state to betray it).
+        The saved parameter shapes, group by group (``fosi.group_shapes``; state dicts of earlier
+        versions lack them and load as before), must be this optimizer's.
+
+        Raises:
+            ValueError: Naming the first group that does not fit.
+        """
+        saved = (state_dict.get("fosi") or {}).get("group_shapes")
+        if saved is None:
+            return
+        here = [[list(q.shape) for q in group["params"]] for group in self.param_groups]
+        for i, (a, b) in enumerate(zip(saved, here)):
+            if [list(x) for x in a] != b:
+                raise ValueError(
+                    f"FOSI: parameter group #{i} was saved with parameter shapes {a} but has {b} here; the "
+                    "state dict's groups are in another order than this optimizer's (torch.optim matches "
+                    "groups by position): build the optimizer with its groups in the saved order"
+                )
 
     def _fosi_load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the base's and FOSI's state from :meth:`state_dict`'s output.

@@ -674,3 +674,17 @@ def test_state_dict_before_an_ese_keeps_the_basis_when_a_failed_ese_keeps_it():
     )
     _hb_steps(fosi, model, x, y, 4, 0)
     assert fosi.ese_due() and fosi.state_dict()["fosi"]["V"] is not None
+
+
+def test_num_iters_and_maximize_are_refused_at_construction():
+    """issue 43: num_iters was checked only at the first ESE, and a maximize=True base had its
+    first-order part maximised while the Newton part still descended."""
+    model = torch.nn.Linear(30, 20)
+    batch = (torch.randn(8, 30), torch.randn(8, 20))
+    loss = torch.nn.functional.mse_loss
+    for bad in (-3, 0, 5, 10_000, 12.5):
+        with pytest.raises(ValueError, match="num_iters"):
+            FOSI(torch.optim.SGD(model.parameters(), lr=0.1), loss, batch, model=model, num_iters=bad)
+    with pytest.raises(ValueError, match="maximize"):
+        FOSI(torch.optim.SGD(model.parameters(), lr=0.1, maximize=True), loss, batch, model=model)
+    FOSI(torch.optim.SGD(model.parameters(), lr=0.1), loss, batch, model=model, num_iters=40)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from curvopt.curvature.hvp import hvp_module, named_subset
+from curvopt.curvature.lanczos import _num_iterations
 from curvopt.optim.fosi.newton import NewtonUpdate
 from curvopt.optim.fosi.options import LR_REF_KEY, _check_options, _resolve_lr_clip, _warn_if_weight_decay
 from curvopt.optim.fosi.schedule import ESESchedule
@@ -234,6 +235,12 @@ class FOSI(FOSIState, NewtonUpdate, ESESchedule, Optimizer):
             raise ValueError(
                 f"k + ℓ = {self.k + self.l} must be smaller than the number of parameters n = {self.n}"
             )
+        if self.num_iters is not None:  # checked now, not at the first ESE (issue 43)
+            if isinstance(self.num_iters, bool) or not float(self.num_iters).is_integer():
+                raise ValueError(
+                    f"num_iters must be a whole number of Lanczos iterations, got {self.num_iters!r}"
+                )
+            _num_iterations(self.n, self.k, self.l, self.num_iters, self.reorth)
         if self.model is not None:
             self._named = named_subset(self.model, params)
         else:

@@ -105,6 +105,11 @@ def _check_options(
         raise ValueError(f"ese_warmup must be >= 0 steps (or None: = ese_period), got {ese_warmup}")
     for group in base.param_groups:  # a tensor lr by value too (one read on a device, here only)
         check_hparams("FOSI", {"lr": NONNEG}, {"lr": group.get("lr")})
+        if group.get("maximize", False):
+            raise ValueError(
+                "FOSI: the base optimizer has maximize=True, which FOSI's Newton part would not honour; "
+                "minimise the negated loss instead"
+            )
     if ese_schedule == "released" and ese_period is None:
         raise ValueError("ese_schedule='released' needs a finite ese_period")
     if ese_batch_mode == "fixed" and ese_batch is None:

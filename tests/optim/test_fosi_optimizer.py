@@ -688,3 +688,21 @@ def test_num_iters_and_maximize_are_refused_at_construction():
     with pytest.raises(ValueError, match="maximize"):
         FOSI(torch.optim.SGD(model.parameters(), lr=0.1, maximize=True), loss, batch, model=model)
     FOSI(torch.optim.SGD(model.parameters(), lr=0.1), loss, batch, model=model, num_iters=40)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"weight_decay": math.nan},
+        {"weight_decay": -1.0},
+        {"clip_grad_value": math.nan},
+        {"clip_grad_value": 0.0},
+    ],
+)
+def test_build_fosi_refuses_a_bad_weight_decay_or_clip(kw):
+    """issue 43: build_fosi let a NaN weight decay or gradient clip through to the first step."""
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        build_fosi(
+            Objective(model, "cross_entropy"), None, base="heavy_ball", lr=0.1, ese_batch="current", **kw
+        )

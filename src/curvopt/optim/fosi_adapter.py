@@ -17,6 +17,7 @@ from torch import Tensor
 
 from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.objective import Objective, mean_loss
+from curvopt.optim.checks import NONNEG, POSITIVE, check_hparams, optional
 from curvopt.optim.fosi import FOSI, VARIANTS, make_base_optimizer
 
 __all__ = ["FOSIAlgorithm", "ObjectiveLoss", "build_fosi", "draw_ese_batch"]
@@ -226,6 +227,10 @@ def build_fosi(
     if grad_clip_value is not None and clip_grad_value is not None and grad_clip_value != clip_grad_value:
         raise ValueError(f"grad_clip_value={grad_clip_value} and clip_grad_value={clip_grad_value} disagree")
     clip = clip_grad_value if clip_grad_value is not None else grad_clip_value
+    check_hparams(
+        "build_fosi", {"weight_decay": NONNEG, "clip_grad_value": optional(POSITIVE)},
+        {"weight_decay": weight_decay, "clip_grad_value": clip},
+    )  # fmt: skip
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     # a null variant key (alpha, lr_clip, newton_momentum) means "the variant's value, else the

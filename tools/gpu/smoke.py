@@ -255,6 +255,17 @@ ENTRIES: tuple[Entry, ...] = (
         _llama(f"llama60m_{opt}", "alice_c4_60m_paper", opt)
         for opt in ("adam", "racs", "alice", "alice0", "galore", "fira", "apollo")
     ),
+    # the cross-paper grid's paper-like profiles (docs/cross.md): each task once, with Adam
+    *(
+        Entry(
+            name=f"cross_{task}_adam",
+            paper="cross",
+            experiment=f"cross_{task}_paper",
+            overrides=("optimizer=adam", "cross.trial=t0"),
+            cpu=("trainer.max_steps=2",),
+        )
+        for task in ("usps", "lr", "lm", "llm")
+    ),
     _llama("llama130m_adam", "alice_c4_130m_paper", "adam"),
     _llama("llama350m_adam", "alice_c4_350m_paper", "adam"),
     _llama("llama1b_adam", "alice_c4_1b_paper", "adam"),

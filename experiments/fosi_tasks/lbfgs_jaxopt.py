@@ -49,6 +49,22 @@ from torch import Tensor
 
 FAILURE_MODES = ("last", "best")
 LINE_SEARCHES = ("zoom", "backtracking")
+# the options kept as attributes: torch.optim.Optimizer.__getstate__ keeps only defaults, state and
+# param_groups, so JaxoptLBFGS.__getstate__ adds these (a deepcopy or pickle kept none of them before)
+OPTIONS = (
+    "maxls",
+    "c1",
+    "c2",
+    "increase_factor",
+    "max_stepsize",
+    "on_failure",
+    "linesearch",
+    "decrease_factor",
+)
+LR_REFUSED = (
+    "JaxoptLBFGS: lr={} is not used: the line search chooses each step size (jaxopt.LBFGS has no "
+    "learning rate); leave lr unset (or 1.0), and bound the step with max_stepsize"
+)
 
 
 class JaxoptLBFGS(torch.optim.LBFGS):
@@ -68,10 +84,16 @@ class JaxoptLBFGS(torch.optim.LBFGS):
             shrink by ``decrease_factor`` from 1.5 × the previous step, uncapped unless
             ``max_stepsize`` is finite).
         decrease_factor: The backtracking search's shrink factor.
+        lr: Accepted only as 1.0 (torch.optim's name, so that a config naming it is read): the
+            line search chooses each step size. Any other value is refused, here and at
+            :meth:`step` when a scheduler or a hand edit changed the group's ``lr``.
 
     Raises:
-        ValueError: A non-positive size or count, constants outside 0 < c1 < c2 < 1, or an unknown
-            ``on_failure``.
+        ValueError: A non-positive size or count, constants outside 0 < c1 < c2 < 1, an unknown
+            ``on_failure``, or an ``lr`` other than 1.0.
+
+    A deep copy or a pickle carries the options (:data:`OPTIONS`) and the curvature pairs, and
+    continues as the original would.
 
     Example:
         The closure evaluates one batch; each ``step`` is one update on it (here a quadratic):
@@ -102,7 +124,9 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         on_failure: str = "last",
         linesearch: str = "zoom",
         decrease_factor: float = 0.8,
+        lr: float | Tensor = 1.0,
     ) -> None:
+        _check_lr(lr)
         if history_size < 1 or maxls < 1:
             raise ValueError(f"history_size and maxls must be >= 1, got {history_size}, {maxls}")
         if not 0.0 < c1 < c2 < 1.0:
@@ -120,6 +144,12 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         self.increase_factor, self.max_stepsize = float(increase_factor), float(max_stepsize)
         self.on_failure = on_failure
         self.linesearch, self.decrease_factor = linesearch, float(decrease_factor)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """torch.optim's state (defaults, state, param_groups) and this class's options."""
+        state = super().__getstate__()
+        state.update({k: getattr(self, k) for k in OPTIONS})
+        return state
 
     # -- flat views ---------------------------------------------------------------------------------
     def _params_list(self) -> list[Tensor]:
@@ -273,6 +303,7 @@ class JaxoptLBFGS(torch.optim.LBFGS):
         Returns:
             The loss at the parameters the step started from.
         """
+        _check_lr(self.param_groups[0]["lr"])  # an lr scheduler would otherwise be ignored silently
         state = self.state[self._params_list()[0]]  # where torch.optim.LBFGS keeps its state
         state.setdefault("s", [])
         state.setdefault("y", [])
@@ -308,6 +339,16 @@ class JaxoptLBFGS(torch.optim.LBFGS):
                 for key in ("s", "y", "rho"):
                     state[key].pop(0)
         return loss
+
+
+def _check_lr(lr: float | Tensor) -> None:
+    """Refuse an lr other than 1.0 (a number or a one-element tensor), by name."""
+    try:
+        value = float(lr)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(LR_REFUSED.format(repr(lr))) from None
+    if value != 1.0:
+        raise ValueError(LR_REFUSED.format(repr(lr)))
 
 
 def _cubic_min(t0: float, f0: float, d0: float, t1: float, f1: float, d1: float) -> float:

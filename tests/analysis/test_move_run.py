@@ -12,6 +12,8 @@ import yaml
 
 from curvopt.analysis import pack
 from curvopt.analysis.records import load_summaries, read_run_metrics
+from curvopt.errors import RunInUseError
+from curvopt.training.records import RunLock
 
 
 def write_run(exp: Path, run_id: str, rows: list[dict], status: str = "completed") -> Path:
@@ -77,10 +79,17 @@ def test_move_run_refuses_to_overwrite_or_invent(tmp_path: Path) -> None:
         pack.move_run(exp / "a", exp / "b")
     with pytest.raises(FileNotFoundError, match="no finished run"):
         pack.move_run(exp / "missing", exp / "c")
-    (exp / "a" / "run.lock").write_text("{}")
-    with pytest.raises(FileExistsError, match="live run"):
-        pack.move_run(exp / "a", exp / "c")
+    lock = RunLock(exp / "a")  # a live run owns it
+    lock.acquire()
+    try:
+        with pytest.raises(RunInUseError, match="is in use by process"):
+            pack.move_run(exp / "a", exp / "c")
+    finally:
+        lock.release()
     assert (exp / "a" / "metrics.jsonl").exists() and not (exp / "c").exists()
+    (exp / "a" / "run.lock").write_text("{}")  # left by a killed run: stale, taken over
+    pack.move_run(exp / "a", exp / "c")
+    assert not (exp / "a").exists() and not (exp / "c" / "run.lock").exists()
 
 
 def test_drop_every_packed_run_removes_the_pack(tmp_path: Path) -> None:

@@ -227,3 +227,41 @@ def test_a_parked_copy_left_by_an_older_pack_is_refused_then_cleared_by_unpack(t
 
 def read_metrics_text(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_resume_started_while_a_run_is_moved_is_refused_and_no_row_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packed: bool
+) -> None:
+    """move_run holds the source run's lock from its check to the delete of the directory. Before, it
+    only looked for run.lock once: a resume that started between the check and the delete wrote rows
+    into a directory the move then deleted (and the moved copy lacked them)."""
+    exp = tmp_path / "exp"
+    run = finished_run(exp)
+    (run / "checkpoint.pt").write_bytes(b"kept checkpoint")  # a finished run that can be extended
+    if packed:
+        pack.pack_experiment(exp)
+    real_write = pack._write_records
+    resumed: dict = {}
+
+    def slow_write(run_dir: Path, *args, **kwargs) -> None:
+        # the move reads the records, then writes the copy: `trainer.resume=true` starts now
+        lock = RunLock(run)
+        try:
+            lock.acquire()
+        except RunInUseError as err:
+            resumed["refused"] = str(err)
+        else:
+            recorder = RunRecorder(run, resume_step=4)
+            recorder.log({"step": 5, "train/loss": 0.1})
+            recorder.close()
+            lock.release()
+            resumed["wrote"] = True
+        real_write(run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(pack, "_write_records", slow_write)
+    new = pack.move_run(run, tmp_path / "other" / "adam_s0")
+    assert "is in use" in resumed.get("refused", ""), "the resume was not refused while the move held the run"
+    assert [r["step"] for r in read_metrics(new / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert (new / "checkpoint.pt").read_bytes() == b"kept checkpoint" and not (new / "run.lock").exists()
+    assert not run.exists() and not pack.read_packed_runs(exp)

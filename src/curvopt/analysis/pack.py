@@ -546,6 +546,8 @@ def move_run(src: str | Path, dst: str | Path) -> Path:
     Raises:
         FileNotFoundError: ``src`` is neither a finished loose run nor a packed run.
         FileExistsError: ``dst`` already exists (as a directory or in the destination's pack).
+        RunInUseError: A live process owns ``src`` (its ``run.lock``); the run's lock is held from
+            the check until ``src`` is deleted.
     """
     src, dst = Path(src), Path(dst)
     src_exp, old_id, new_id = src.parent, src.name, dst.name
@@ -555,8 +557,23 @@ def move_run(src: str | Path, dst: str | Path) -> Path:
     loose = (src / "metrics.jsonl").exists() and (src / "summary.json").exists()
     if not loose and old_id not in packed:
         raise FileNotFoundError(f"{src}: no finished run there (no summary.json and not in {PACKED_RUNS})")
-    if (src / "run.lock").exists():
-        raise FileExistsError(f"{src} is locked by a live run: stop it first")
+    # the run's lock is held from here until its directory is deleted: a resume (or a rerun) started
+    # meanwhile is refused instead of writing rows the delete would lose (a lock file left by a
+    # killed process is stale and taken over)
+    existed = src.is_dir()
+    lock = RunLock(src)
+    lock.acquire()  # RunInUseError: a live process owns the run
+    try:
+        return _move_locked(src, dst, loose, packed)
+    finally:
+        lock.release()
+        if not existed and src.is_dir() and not any(src.iterdir()):
+            src.rmdir()  # made only to hold the lock of a packed run
+
+
+def _move_locked(src: Path, dst: Path, loose: bool, packed: dict[str, dict[str, Any]]) -> Path:
+    """:func:`move_run`'s work, with the source run's lock held."""
+    src_exp, old_id, new_id = src.parent, src.name, dst.name
     if loose:
         summary, config = _json_load(src / "summary.json"), _yaml_load(src / "config.yaml")
         rows = read_metrics(src / "metrics.jsonl")
@@ -577,16 +594,12 @@ def move_run(src: str | Path, dst: str | Path) -> Path:
     tmp = dst.with_name(f".{new_id}.moving")
     if tmp.exists():
         shutil.rmtree(tmp)
-    if src.is_dir():
-        shutil.copytree(src, tmp)
-    else:
-        tmp.mkdir()
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("run.lock"))  # the lock stays with src
     _write_records(tmp, summary, config, rows)
     tmp.rename(dst)
     if not loose:
         pack_experiment(src_exp, drop=(old_id,))
-    if src.is_dir():
-        shutil.rmtree(src)
+    shutil.rmtree(src)  # the lock file with it, still held: a run that starts after finds no records
     return dst
 
 

@@ -13,7 +13,8 @@ seed-mean of the best validation metric within the budget); its seeds then give:
   value (:func:`shared_target`);
   ``not reached`` counts the seeds that did not;
 * the work done within the budget; peak process memory. Work is counted in gradient-equivalent
-  example evaluations (:func:`step_work`); optimizer-state bytes are not in the run records.
+  example evaluations (:func:`step_work`); peak process memory and the optimizer-state bytes the run
+  recorded.
 
 A method that does not apply to the task gets a row with the reason; a ranking per task orders the
 methods by their best validation metric. ``python -m experiments.cross.report`` writes the table
@@ -244,6 +245,7 @@ def load_task_runs(results: Path, plan: dict) -> list[dict]:
                 "steps": float(curve["step"].max()) if not curve.empty else _num(s, "steps"),
                 "algo_time_s": _num(s, "algo_time_s"),
                 "peak_mem_bytes": _num(s, "peak_mem_bytes"),
+                "state_bytes": s.get("optimizer_state_bytes"),  # None: not recorded
             }
         )
     return out
@@ -320,6 +322,7 @@ def task_table(plan: dict, runs: list[dict]) -> tuple[pd.DataFrame, dict]:
                 "work in budget": _fmt(float(np.nanmean(wk)), 3),
                 "steps": str(int(np.mean([r["steps"] for r in sel]))),
                 "peak MiB": _fmt(float(np.mean([r["peak_mem_bytes"] for r in sel])) / 2**20, 4),
+                "state KiB": _state_kib(sel),
                 "status": ",".join(statuses),
                 "_best": float(np.mean(bv)) if np.isfinite(bv).all() else math.nan,
             }
@@ -362,8 +365,17 @@ COLUMNS = [
     "work in budget",
     "steps",
     "peak MiB",
+    "state KiB",
     "status",
 ]
+
+
+def _state_kib(sel: list[dict]) -> str:
+    """The seed-mean optimizer state in KiB, or 'not recorded' (summaries before it was logged)."""
+    values = [r.get("state_bytes") for r in sel]
+    if any(v is None or not np.isfinite(v) for v in values):
+        return "not recorded"
+    return _fmt(float(np.mean(values)) / 1024, 4)
 
 
 def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
@@ -504,8 +516,9 @@ def build(
         "paper defaults plus the same number of trials of its one tuned hyper-parameter, the trial chosen on "
         "validation. Work = gradient-equivalent example evaluations (a curvature-vector product on one "
         "example counts as one gradient; forward-only line-search evaluations are not counted, so L-BFGS's "
-        "work is a lower bound). Peak MiB is the process's peak memory (data included); optimizer-state bytes "
-        "are not in the run records. A method that does not apply says why. Quick-profile numbers are short "
+        "work is a lower bound). Peak MiB is the process's peak memory (data included); state KiB the optimizer "
+        "state the run kept between steps (its summary's optimizer_state_bytes; 'not recorded' for records made "
+        "before it was logged). A method that does not apply says why. Quick-profile numbers are short "
         "CPU runs: they rank the methods at this budget, not at the papers' scale."
     )
     return note, parts, figs

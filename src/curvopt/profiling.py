@@ -154,6 +154,58 @@ class DispatchCounter(TorchDispatchMode):
         }
 
 
+def tensor_bytes(*objs: Any, max_depth: int = 4) -> int:
+    """Bytes of every tensor reachable from ``objs``; memory shared by several tensors counts once.
+
+    Walks dicts, lists, tuples and objects' attributes (up to ``max_depth`` levels: the official
+    GaLore/Fira/APOLLO projector objects hold tensors). Views of one storage (the slices of a
+    stacked state bank, a tensor referenced twice) count the union of the bytes they cover.
+
+    Args:
+        *objs: Anything: an optimizer's state values, a state dict.
+        max_depth: How many containers/attributes deep to look.
+
+    Returns:
+        The number of bytes.
+
+    Example:
+        >>> import torch
+        >>> from curvopt.profiling import tensor_bytes
+        >>> bank = torch.zeros(4, 3)
+        >>> tensor_bytes({"a": bank[0], "b": bank[1]}, [bank], torch.zeros(2, dtype=torch.float64))
+        64
+    """
+    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte intervals its tensors cover
+
+    def walk(obj: Any, depth: int) -> int:
+        if depth > max_depth:
+            return 0
+        if isinstance(obj, torch.Tensor):
+            size = obj.numel() * obj.element_size()
+            if obj.device.type == "meta":
+                return size
+            start = obj.storage_offset() * obj.element_size()
+            spans.setdefault(obj.untyped_storage().data_ptr(), []).append((start, start + size))
+            return 0
+        if isinstance(obj, dict):
+            return sum(walk(v, depth + 1) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(walk(v, depth + 1) for v in obj)
+        if hasattr(obj, "__dict__") and not isinstance(obj, type):
+            return sum(walk(v, depth + 1) for v in vars(obj).values())
+        return 0
+
+    total = sum(walk(obj, 0) for obj in objs)
+    for intervals in spans.values():  # the union of the intervals per storage
+        end = -1
+        for lo, hi in sorted(intervals):
+            lo = max(lo, end)
+            if hi > lo:
+                total += hi - lo
+                end = hi
+    return total
+
+
 def count_dispatch(fn: Callable[[], Any]) -> DispatchCounter:
     """Run ``fn()`` once under a fresh :class:`DispatchCounter` and return the counter.
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from curvopt.optim.alice import Alice
 from curvopt.optim.racs import RACS
+from curvopt.profiling import tensor_bytes
 
 METHODS = ("adam", "adamw", "racs", "alice", "alice0", "galore", "fira", "apollo", "apollo_mini")
 # methods that put lm_head in their own group by default (the paper's "Ppl." runs)
@@ -329,34 +330,4 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     Returns:
         The number of bytes.
     """
-    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte intervals its tensors cover
-
-    def walk(obj: Any, depth: int = 0) -> int:
-        if depth > 4:
-            return 0
-        if isinstance(obj, torch.Tensor):
-            size = obj.numel() * obj.element_size()
-            if obj.device.type == "meta":
-                return size
-            start = obj.storage_offset() * obj.element_size()
-            spans.setdefault(obj.untyped_storage().data_ptr(), []).append((start, start + size))
-            return 0
-        if isinstance(obj, dict):
-            return sum(walk(v, depth + 1) for v in obj.values())
-        if isinstance(obj, (list, tuple)):
-            return sum(walk(v, depth + 1) for v in obj)
-        if hasattr(obj, "__dict__") and not isinstance(obj, type):
-            return sum(walk(v, depth + 1) for v in vars(obj).values())
-        return 0
-
-    total = sum(walk(st) for st in optimizer.state.values())
-    # the union of the intervals per storage: shared storage (the slices of a stacked state bank,
-    # one tensor referenced twice) is counted once
-    for intervals in spans.values():
-        end = -1
-        for lo, hi in sorted(intervals):
-            lo = max(lo, end)
-            if hi > lo:
-                total += hi - lo
-                end = hi
-    return total
+    return tensor_bytes(*optimizer.state.values())

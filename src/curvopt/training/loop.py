@@ -40,6 +40,7 @@ import torch
 from curvopt.api import Algorithm, DataBundle
 from curvopt.errors import CorruptCheckpointError, NoCheckpointError
 from curvopt.objective import Objective
+from curvopt.profiling import tensor_bytes
 from curvopt.training.checkpoint import (
     CHECKPOINT_NAME,
     CHECKSUM_NAME,
@@ -738,6 +739,20 @@ class Trainer:
         self.status = "completed"
         return stop_reason
 
+    def _state_bytes(self) -> int | None:
+        """Bytes of the state the algorithm keeps between steps (its optimizer's, or its state dict's).
+
+        ``None`` when the state cannot be taken here (the summary is written anyway).
+        """
+        optimizer = getattr(self.algorithm, "optimizer", None)
+        try:
+            if isinstance(optimizer, torch.optim.Optimizer):
+                return tensor_bytes(*optimizer.state.values())
+            return tensor_bytes(self.algorithm.state_dict(), max_depth=8)
+        except Exception:  # noqa: BLE001 - a measurement must not fail the run's summary
+            log.debug("optimizer state bytes not measured", exc_info=True)
+            return None
+
     def _summary(self, stop_reason: str | None) -> dict[str, Any]:
         wall = self._wall()
         loop_overhead = self.overhead_time / self.algo_time if self.algo_time > 0 else None
@@ -752,6 +767,7 @@ class Trainer:
             "loop_overhead_s": self.overhead_time,
             "loop_overhead_fraction": loop_overhead,
             "peak_mem_bytes": peak_memory_bytes(self.device),
+            "optimizer_state_bytes": self._state_bytes(),
             **(
                 {"tokens_seen": self.tokens_seen, "tokens_per_s": self.tokens_seen / self.algo_time}
                 if self.tokens_seen and self.algo_time > 0

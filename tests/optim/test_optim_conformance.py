@@ -822,7 +822,12 @@ def test_exception_tables_are_well_formed():
 # -------------------------------------------------------------------------- more torch citizenship (issue 43)
 # Properties added after issue 43's conformance pass. Their documented skips live here (tests/cases.py
 # is shared with the contract suite); test_more_exception_tables_are_well_formed checks them, and
-# the tests named in a skip's reason check its premise.
+# the tests named in a skip's reason check its premise. Torch optimizers: tensor hyper-parameters,
+# torch.optim's flags, state-dict hooks, reordered groups, zero_grad(set_to_none=False), step hooks,
+# 0-d and 1-d parameters, extreme gradient scales, autocast + GradScaler (amp). Algorithms (every
+# export, the loop factories included): tensor hyper-parameters, one frozen parameter inside a
+# trained layer, mixed float32/float64 parameters (FGN, SGN, K-FAC train them as the float64 twin;
+# SHF, HF-CG and FOSI refuse them up front), parameters on the meta device (refused when built).
 MORE_TORCH = (
     "tensor_hparams",
     "flags",
@@ -832,8 +837,9 @@ MORE_TORCH = (
     "step_hooks",
     "tiny_shapes",
     "grad_scale",
+    "amp",
 )
-MORE_ALGO = ("tensor_hparams",)
+MORE_ALGO = ("tensor_hparams", "frozen_param", "mixed_dtype", "meta")
 FOSI_FAMILY = ("FOSI", "fosi_adam", "fosi_heavy_ball", "fosi_gd")
 UPSTREAM_LOWRANK = ("galore", "fira", "apollo")
 UPSTREAM_NOT_OURS = "the official {} package's optimizer is not our code (curvopt.optim.lowrank wraps it): {}"
@@ -1054,6 +1060,142 @@ def test_extreme_gradient_scales_step_finitely_or_are_refused_unchanged(name, pr
         return
     for key, p in model.named_parameters():
         assert torch.isfinite(p).all(), f"{key} is not finite after a step with gradients ×{scale:g}"
+
+
+def _amp_step(model: nn.Module, opt: Any, t: int, scaler: Any = None, poison: bool = False) -> None:
+    """One step of the mixed-precision recipe: a bf16 autocast forward (float32 parameters), then
+    ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`` (or a plain step)."""
+    xb, yb = batch(make_data(), t)
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=BF16):
+        loss = ce(model(xb), yb)
+    if scaler is None:
+        loss.backward()
+        opt.step()
+        return
+    scaler.scale(loss).backward()
+    if poison:  # an overflowed gradient, as fp16 training meets: the scaler must skip the step
+        model.l1.weight.grad[0, 0] = math.inf
+    scaler.step(opt)
+    scaler.update()
+
+
+@pytest.mark.parametrize("name,prop", more_cases(TORCH, "amp"))
+def test_autocast_and_grad_scaler_flow(name, prop):
+    """torch.amp's recipe on the CPU: the autocast (bfloat16) forward trains the float32 parameters, the
+    GradScaler's step equals the unscaled one (a power-of-two scale is exact), and a step whose
+    gradients overflowed is skipped whole (the optimizer's state untouched) while the scale halves."""
+    entry = check_more(name, prop)
+    model_a, model_b = make_model(), make_model()
+    opt_a, opt_b = build(entry, model_a), build(entry, model_b)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1000)
+    before = snapshot(model_b)
+    for t in range(4):  # across FOSI's ESE
+        _amp_step(model_a, opt_a, t)
+        _amp_step(model_b, opt_b, t, scaler)
+    for (key, pa), pb, p0 in zip(model_a.named_parameters(), model_b.parameters(), before):
+        assert pb.dtype == F32 and torch.isfinite(pb).all() and not torch.equal(pb, p0), key
+        torch.testing.assert_close(
+            pb, pa, rtol=1e-5, atol=1e-6, msg=f"{key}: scaled and unscaled steps differ"
+        )
+    state = copy.deepcopy(opt_b.state_dict())
+    weights = snapshot(model_b)
+    _amp_step(model_b, opt_b, 4, scaler, poison=True)
+    assert scaler.get_scale() == 2.0**9
+    for (key, p), p0 in zip(model_b.named_parameters(), weights):
+        assert torch.equal(p, p0), f"{key} moved in a step the scaler skipped"
+    assert_same_state(opt_b.state_dict(), state)
+    _amp_step(model_b, opt_b, 5, scaler)  # and training goes on
+    assert all(torch.isfinite(p).all() for p in model_b.parameters())
+
+
+def assert_same_state(a: Any, b: Any, path: str = "state") -> None:
+    """Two state dicts hold equal values (tensors bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            assert_same_state(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), path
+    elif hasattr(a, "__dict__") and not callable(a):  # upstream projector objects: by their fields
+        assert type(a) is type(b), path
+        assert_same_state(vars(a), vars(b), f"{path}.__dict__")
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("name,prop", more_cases(ALGO, "frozen_param"))
+def test_algorithm_trains_around_one_frozen_parameter(name, prop):
+    """One frozen parameter inside a trained layer (l1's bias; its weight trains): it stays, gets no
+    .grad, and every other parameter moves (the factories too: each is a different entry point)."""
+    entry = check_more(name, prop)
+    objective, data = algorithm_problem(entry)
+    model = objective.model
+    model.l1.bias.requires_grad_(False)
+    alg = build_algorithm(entry, objective, data)
+    before = snapshot(model)
+    run_algorithm(alg, data, 2)
+    for (key, p), p0 in zip(model.named_parameters(), before):
+        assert torch.isfinite(p).all(), key
+        if key == "l1.bias":
+            assert torch.equal(p, p0) and p.grad is None, "the frozen l1.bias moved or got a .grad"
+        else:
+            assert not torch.equal(p, p0), f"{key} did not move"
+
+
+class MixedNet(nn.Module):
+    """The tiny net with its first layer in ``first`` and its second in ``second`` (casts between)."""
+
+    def __init__(self, first: torch.dtype = F32, second: torch.dtype = F64) -> None:
+        super().__init__()
+        net = make_model()
+        self.l1 = net.l1.to(first)
+        self.l2 = net.l2.to(second)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.l1(x.to(self.l1.weight.dtype))).to(self.l2.weight.dtype))
+
+
+@pytest.mark.parametrize("name,prop", more_cases(ALGO, "mixed_dtype"))
+def test_algorithm_mixed_float32_float64_parameters_are_supported_or_refused_up_front(name, prop):
+    """float32 and float64 parameters in one model: refused at construction with one line naming the
+    dtypes and what to do, or trained as the all-float64 twin is (to float32 rounding), each parameter
+    keeping its dtype."""
+    entry = check_more(name, prop)
+    mixed, twin = MixedNet(F32, F64), MixedNet(F64, F64)
+    data = algorithm_problem(entry, F64)[1]
+    objective = Objective(mixed, entry.loss_kind)
+    before = snapshot(mixed)
+    try:
+        alg = build_algorithm(entry, objective, data)
+    except (TypeError, ValueError) as err:
+        msg = str(err)
+        assert "\n" not in msg and "float32" in msg and "float64" in msg, msg
+        assert "model.float()" in msg or "model.double()" in msg, f"say what to do: {msg}"
+        return
+    run_algorithm(alg, data, 2)
+    run_algorithm(build_algorithm(entry, Objective(twin, entry.loss_kind), data), data, 2)
+    for (key, p), q, p0 in zip(mixed.named_parameters(), twin.parameters(), before):
+        assert p.dtype == p0.dtype and torch.isfinite(p).all() and not torch.equal(p, p0), key
+        torch.testing.assert_close(p.double(), q, rtol=1e-3, atol=1e-4, msg=f"{key} differs from float64")
+
+
+@pytest.mark.parametrize("name,prop", more_cases(ALGO, "meta"))
+def test_algorithm_meta_parameters_are_refused_at_construction(name, prop):
+    """A model on the meta device (built for its shapes only) has no values to step: refused by name
+    when the Algorithm is built, not inside its first step with torch's device error."""
+    entry = check_more(name, prop)
+    objective, data = algorithm_problem(entry)
+    objective.model.to("meta")
+    with pytest.raises((TypeError, ValueError), match="meta device") as err:
+        build_algorithm(entry, objective, data)
+    assert "\n" not in str(err.value) and "materialise" in str(err.value)
 
 
 def test_more_exception_tables_are_well_formed():

@@ -296,6 +296,7 @@ def check_gn_step(
     """
     check_hparams(owner, {**GN_STEP_RANGES, **own}, values)
     check_floating(owner, (p for p in model.parameters() if p.requires_grad))
+    check_materialised(owner, model.named_parameters())
 
 
 # ---------------------------------------------------------------------------- the parameters
@@ -351,6 +352,7 @@ def check_trainable(owner: str, params: Mapping[str, Tensor], one_dtype: bool = 
             "unfreeze at least one"
         )
     check_real_floating(owner, params)
+    check_materialised(owner, params.items())
     if one_dtype:
         dtypes = _dtypes(params.items())
         if len(dtypes) > 1:
@@ -358,6 +360,27 @@ def check_trainable(owner: str, params: Mapping[str, Tensor], one_dtype: bool = 
             raise ValueError(
                 f"{owner} flattens all trainable parameters into one vector and needs one dtype; got {shown}. "
                 "Cast the model to one dtype first (model.float() or model.double())"
+            )
+
+
+def check_materialised(owner: str, named: Iterable[tuple[str, Tensor]]) -> None:
+    """Refuse a parameter on the meta device: an ``Algorithm`` runs its own forward on real batches.
+
+    (A ``torch.optim.Optimizer`` may be built on meta parameters, as torch's are; an ``Algorithm``
+    computes losses and curvature products, which a meta tensor has no values for.)
+
+    Args:
+        owner: The method's name, for the message.
+        named: Named parameters (e.g. ``model.named_parameters()``).
+
+    Raises:
+        ValueError: A parameter is on the meta device.
+    """
+    for name, p in named:
+        if p.device.type == "meta":
+            raise ValueError(
+                f"{owner}: parameter {name} is on the meta device (no values to train); materialise the "
+                "model first (model.to_empty(device=...), then initialise or load its weights)"
             )
 
 

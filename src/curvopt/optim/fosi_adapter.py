@@ -17,7 +17,7 @@ from torch import Tensor
 
 from curvopt.api import AlgorithmBase, Batch, DataBundle
 from curvopt.objective import Objective, mean_loss
-from curvopt.optim.checks import NONNEG, POSITIVE, check_hparams, optional
+from curvopt.optim.checks import NONNEG, POSITIVE, check_hparams, check_materialised, optional
 from curvopt.optim.fosi import FOSI, VARIANTS, make_base_optimizer
 
 __all__ = ["FOSIAlgorithm", "ObjectiveLoss", "build_fosi", "draw_ese_batch"]
@@ -52,6 +52,7 @@ class FOSIAlgorithm(AlgorithmBase):
     """
 
     def __init__(self, objective: Objective, fosi: FOSI, grad_clip_value: float | None = None) -> None:
+        check_materialised("FOSIAlgorithm", objective.model.named_parameters())
         self.objective = objective
         self.fosi = fosi
         self.grad_clip_value = grad_clip_value

@@ -75,6 +75,7 @@ from curvopt.optim.checks import (
     Range,
     check_floating,
     check_hparams,
+    check_materialised,
     count,
     one_of,
     optional,
@@ -345,6 +346,7 @@ class KFAC(AlgorithmBase):
             ordered=[("min_damping", "max_damping"), ("damping_lower_threshold", "damping_upper_threshold")],
         )
         check_floating("K-FAC", (p for p in objective.model.parameters() if p.requires_grad))
+        check_materialised("K-FAC", objective.model.named_parameters())
         self.objective = objective
         self.lr, self.momentum = lr, momentum
         self.damping = float(damping)

@@ -224,7 +224,10 @@ class FOSI(FOSIState, NewtonUpdate, ESESchedule, Optimizer):
         dtypes = {p.dtype for p in params}
         devices = {p.device for p in params}
         if len(dtypes) != 1 or not params[0].is_floating_point():
-            raise ValueError(f"FOSI needs parameters of one floating dtype, got {sorted(map(str, dtypes))}")
+            raise ValueError(
+                f"FOSI needs parameters of one floating dtype, got {sorted(map(str, dtypes))}: cast the model "
+                "to one dtype first (model.float() or model.double())"
+            )
         if len(devices) != 1:
             raise ValueError(f"FOSI needs all parameters on one device, got {sorted(map(str, devices))}")
         self._params = params

@@ -14,8 +14,8 @@ iteration, per n (seconds, minimum over ``--reps``):
 * ``cg_rest``: the same solve with a free operator (``v ↦ c ⊙ v``, a precomputed positive ``c``):
   the iteration's vector work, float64 dot products, host synchronisations and the
   progress bookkeeping without the product;
-* ``syncs_per_iter``: device-to-host reads per iteration (``aten::_local_scalar_dense`` events in
-  the torch profiler plus ``Tensor.tolist()`` calls, which CG uses for its one stacked read), each a
+* ``syncs_per_iter``: device-to-host reads per iteration (:class:`curvopt.profiling.DispatchCounter`'s
+  host reads: scalar reads and the ``Tensor.tolist()`` CG uses for its one stacked read), each a
   synchronisation on a GPU.
 
 The loss is squared error on random data (the network and its products are the paper's; the
@@ -26,24 +26,21 @@ output nonlinearity changes only an element-wise factor). Writes ``results/bench
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from torch.profiler import profile  # noqa: E402
 
 from curvopt.curvature.cg import martens_cg  # noqa: E402
 from curvopt.models.mlp import autoencoder  # noqa: E402
 from curvopt.objective import Objective  # noqa: E402
 from curvopt.optim.hf_cg import HFCG, weight_mask  # noqa: E402
+from curvopt.profiling import DispatchCounter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,24 +57,6 @@ def _timeit(fn, reps: int, device: torch.device) -> float:
             torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-@contextlib.contextmanager
-def _counting_tolist() -> Iterator[list[int]]:
-    """Counts ``Tensor.tolist()`` calls: the CG iteration reads its stacked dots with one, which the
-    profiler does not list as ``_local_scalar_dense`` (one device-to-host copy each on a GPU)."""
-    calls = [0]
-    original = torch.Tensor.tolist
-
-    def counted(self: torch.Tensor) -> Any:
-        calls[0] += 1
-        return original(self)
-
-    torch.Tensor.tolist = counted
-    try:
-        yield calls
-    finally:
-        torch.Tensor.tolist = original
 
 
 def measure(n: int, iters: int, reps: int, device: torch.device, dtype: torch.dtype) -> dict:
@@ -109,10 +88,9 @@ def measure(n: int, iters: int, reps: int, device: torch.device, dtype: torch.dt
     row["damped"] = _timeit(lambda: damped(v), reps, device)
     row["cg_iter"] = _timeit(lambda: solve(damped), reps, device) / iters
     row["cg_rest"] = _timeit(lambda: solve(lambda w: w * diag), reps, device) / iters
-    with profile() as prof, _counting_tolist() as tolists:
+    with DispatchCounter() as counter:  # scalar reads, masks and Tensor.tolist() calls
         res = solve(lambda w: w * diag)
-    reads = sum(1 for e in prof.events() if e.name == "aten::_local_scalar_dense") + tolists[0]
-    row["syncs_per_iter"] = reads / max(res.iterations, 1)
+    row["syncs_per_iter"] = counter.host_reads / max(res.iterations, 1)
     row["product_share"] = row["damped"] / row["cg_iter"]
     return row
 

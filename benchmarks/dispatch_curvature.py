@@ -25,10 +25,9 @@ device-to-host copy the host waits for.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +38,6 @@ from curvopt.objective import Objective
 from curvopt.profiling import DispatchCounter
 
 __all__ = ["count_step", "curvature_rows"]
-
-
-@contextlib.contextmanager
-def _count_tolist() -> Iterator[list[int]]:
-    """Count ``Tensor.tolist()`` calls inside the block (a host read the counter cannot see)."""
-    calls = [0]
-    original = torch.Tensor.tolist
-
-    def counted(self: torch.Tensor) -> Any:
-        calls[0] += 1
-        return original(self)
-
-    torch.Tensor.tolist = counted  # type: ignore[method-assign]
-    try:
-        yield calls
-    finally:
-        torch.Tensor.tolist = original  # type: ignore[method-assign]
 
 
 def count_step(name: str, setup: str, step: Callable[[], Any]) -> dict[str, Any]:
@@ -69,11 +51,9 @@ def count_step(name: str, setup: str, step: Callable[[], Any]) -> dict[str, Any]
     Returns:
         ``{"name", "setup", "ops", "views", "kernels", "allocations", "host_reads"}``.
     """
-    with _count_tolist() as tolist_calls, DispatchCounter() as counter:
+    with DispatchCounter() as counter:  # Tensor.tolist() calls count as host reads
         step()
-    row = {"name": name, "setup": setup, **counter.summary()}
-    row["host_reads"] = counter.host_reads + tolist_calls[0]
-    return row
+    return {"name": name, "setup": setup, **counter.summary()}
 
 
 def _build(cls: Any, *args: Any, **options: Any) -> Any:

@@ -14,7 +14,8 @@ here on the CPU:
   under it makes no host read.
 
 Neither runs the code faster or slower; they only observe it. ``torch.Tensor.tolist()`` of a CPU
-tensor does not dispatch an op, so the counter cannot see it: :func:`fake_cuda` does.
+tensor dispatches no op; the counter sees it through a ``TorchFunctionMode`` and counts each call as
+a host read (on a device it is one).
 
 Example:
     >>> import torch
@@ -84,6 +85,20 @@ def _to_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return dst.device.type == "cpu" and isinstance(src, torch.Tensor) and src.device.type != "cpu"
 
 
+class _TolistCounter(TorchFunctionMode):
+    """Counts ``Tensor.tolist()`` calls for a :class:`DispatchCounter` (they dispatch no ATen op)."""
+
+    def __init__(self, counter: DispatchCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.Tensor.tolist:
+            self.counter.host_reads += 1
+            self.counter.reads_by_name["Tensor.tolist"] += 1
+        return func(*args, **(kwargs or {}))
+
+
 @dataclass
 class DispatchCounter(TorchDispatchMode):
     """Counts the ATen ops dispatched inside a ``with`` block (see the module docstring).
@@ -93,9 +108,9 @@ class DispatchCounter(TorchDispatchMode):
         views: Ops that return a view (no kernel, but a host-side dispatch each).
         allocations: ``empty``-like ops (no kernel).
         kernels: The rest: ops that launch work on the device (host reads included).
-        host_reads: Ops the host has to wait for.
+        host_reads: Ops the host has to wait for, and ``Tensor.tolist()`` calls.
         by_name: ``op name -> count``.
-        reads_by_name: ``op name -> count`` of the host reads.
+        reads_by_name: ``op name -> count`` of the host reads (``Tensor.tolist`` among them).
 
     Example:
         >>> import torch
@@ -117,6 +132,19 @@ class DispatchCounter(TorchDispatchMode):
 
     def __post_init__(self) -> None:
         super().__init__()
+        self._tolist_modes: list[_TolistCounter] = []
+
+    def __enter__(self) -> DispatchCounter:
+        mode = _TolistCounter(self)
+        mode.__enter__()
+        self._tolist_modes.append(mode)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._tolist_modes.pop().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
